@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC code for the pml.v1 contracts."""
