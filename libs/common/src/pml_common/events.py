@@ -104,6 +104,10 @@ class ExecutionStep(BaseModel):
     success: bool
     duration_ms: float = Field(0.0, ge=0)
     error: str | None = Field(None, max_length=4000)
+    depends_on: list[NonEmpty] = Field(
+        default_factory=list,
+        description="Node ids of earlier steps whose output this step used (dependency edges).",
+    )
 
 
 class ToolsRegistered(Event):
