@@ -57,5 +57,12 @@ fmt:
 	$(UV) run ruff format .
 	$(UV) run ruff check --fix .
 
+## up / down: the containerised system (docker compose), traces in Jaeger on :16686
+up:
+	docker compose up -d --build
+
+down:
+	docker compose down
+
 clean:
 	rm -rf .pml $(NEO4J_DIR)/target $(PROTO_OUT)/pml/v1/*_pb2*.py* $(PROTO_STAMP)

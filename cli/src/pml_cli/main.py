@@ -1,0 +1,207 @@
+"""The `pml` command: run the system, load catalogs, search, publish events, evaluate, benchmark."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import grpc
+import typer
+from rich.console import Console
+
+from pml_cli import client
+from pml_cli.catalog_files import CatalogFileError, load_catalog
+from pml_cli.execution_files import ExecutionFileError, load_executions
+from pml_cli.local_stack import LocalStack
+from pml_common.local_runtime import LocalRuntimeError
+from pml_common.settings import Settings
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+catalog_app = typer.Typer(no_args_is_help=True, help="Manage the tool catalog.")
+publish_app = typer.Typer(no_args_is_help=True, help="Publish events as an executor would.")
+eval_app = typer.Typer(no_args_is_help=True, help="Evaluate on a data set in the exchange format.")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks printing JSON.")
+config_app = typer.Typer(no_args_is_help=True, help="Configuration reference.")
+app.add_typer(catalog_app, name="catalog")
+app.add_typer(publish_app, name="publish")
+app.add_typer(eval_app, name="eval")
+app.add_typer(bench_app, name="bench")
+app.add_typer(config_app, name="config")
+
+err = Console(stderr=True)
+out = Console()
+
+DEMO_CATALOG = Path(__file__).parent / "demo" / "catalog.jsonl"
+TenantOpt = Annotated[str | None, typer.Option("--tenant", help="Tenant (default: settings).")]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def rpc_failure(exc: grpc.RpcError) -> NoReturn:
+    code = exc.code()  # type: ignore[attr-defined]
+    detail = exc.details()  # type: ignore[attr-defined]
+    if code == grpc.StatusCode.UNAVAILABLE:
+        fail(f"the service is unavailable ({detail}); is `make run` running?", 3)
+    fail(f"{code.name}: {detail}", 2)
+
+
+@app.command()
+def run(
+    state_dir: Annotated[Path, typer.Option(help="Where data and logs go.")] = Path(".pml"),
+    demo: Annotated[bool, typer.Option(help="Load the demo catalog.")] = True,
+) -> None:
+    """Start Redis, Neo4j and every service on loopback; Ctrl-C stops them all."""
+    settings = Settings()
+    stack = LocalStack(state_dir.resolve(), settings)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with err.status("starting Redis and Neo4j…"):
+            stack.start_stores()
+        with err.status("starting services…"):
+            stack.start_services()
+        if demo:
+            tools = load_catalog(DEMO_CATALOG)
+            with err.status(f"loading the demo catalog ({len(tools)} tools)…"):
+                client.register_tools(settings, settings.default_tenant, tools)
+        _print_welcome(settings, stack)
+        while all(p.alive() for p in stack.processes):
+            time.sleep(1.0)
+        dead = [p.name for p in stack.processes if not p.alive()]
+        fail(f"{', '.join(dead)} stopped unexpectedly; see {state_dir}/logs/")
+    except LocalRuntimeError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        err.print("stopping…")
+    finally:
+        stack.stop()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _print_welcome(settings: Settings, stack: LocalStack) -> None:
+    out.print("[bold green]PML is running.[/]")
+    for proc in stack.processes:
+        out.print(f"  {proc.name:<8} {proc.url}   log: {proc.log_path}")
+    out.print(
+        "\nTry:\n"
+        '  uv run pml search "read a file"\n'
+        '  uv run pml search "take a screenshot" --context playwright:playwright_navigate\n'
+        f'  grpcurl -plaintext -d \'{{"query": "commit my changes"}}\' '
+        f"{settings.search_addr} pml.v1.SearchService/Search\n"
+        "  uv run pml publish execution docs/examples/execution.json\n"
+        "Ctrl-C stops everything."
+    )
+
+
+@catalog_app.command("load")
+def catalog_load(
+    file: Annotated[Path, typer.Argument(help="catalog.jsonl, or an MCP tools/list JSON.")],
+    server: Annotated[str | None, typer.Option(help="Server name for tools/list files.")] = None,
+    tenant: TenantOpt = None,
+) -> None:
+    """Register every tool of FILE with the search service."""
+    settings = Settings()
+    try:
+        tools = load_catalog(file, server)
+        registered = client.register_tools(settings, tenant or settings.default_tenant, tools)
+    except CatalogFileError as exc:
+        fail(str(exc))
+    except grpc.RpcError as exc:
+        rpc_failure(exc)
+    out.print(f"registered {registered} tools from {file}")
+
+
+@app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="What the agent wants to do.")],
+    context: Annotated[
+        list[str] | None, typer.Option("--context", help="A tool already used (repeatable).")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="How many results.")] = 10,
+    tenant: TenantOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Unified search, or hybrid search with context tools when --context is given."""
+    settings = Settings()
+    try:
+        rows = client.search(settings, tenant or settings.default_tenant, query, limit, context)
+    except grpc.RpcError as exc:
+        rpc_failure(exc)
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    client.print_results(out, rows)
+
+
+@publish_app.command("execution")
+def publish_execution(
+    file: Annotated[Path, typer.Argument(help="One ExecutionCompleted JSON, or JSONL of many.")],
+    tenant: TenantOpt = None,
+) -> None:
+    """Publish ExecutionCompleted events on their Redis stream."""
+    settings = Settings()
+    try:
+        events = load_executions(file, tenant or settings.default_tenant)
+    except ExecutionFileError as exc:
+        fail(str(exc))
+    ids = asyncio.run(client.publish_events(settings, events))
+    out.print(f"published {len(ids)} ExecutionCompleted event(s): {', '.join(ids[:5])}")
+
+
+@eval_app.command("tools")
+def eval_tools(
+    data: Annotated[Path, typer.Option(help="Folder with catalog.jsonl and queries.jsonl.")],
+    method: Annotated[str, typer.Option(help="cosine | unified | hybrid")] = "unified",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    max_queries: Annotated[int | None, typer.Option(help="Evaluate the first N only.")] = None,
+) -> None:
+    """Tool retrieval metrics of one method on DATA, through the running system."""
+    from pml_cli.eval_tools import EvalError, evaluate_tools
+
+    try:
+        result = evaluate_tools(Settings(), data, method, max_queries, err)
+    except EvalError as exc:
+        fail(str(exc))
+    except grpc.RpcError as exc:
+        rpc_failure(exc)
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+    else:
+        for key, value in result.items():
+            out.print(f"{key:>12}: {value}")
+
+
+@bench_app.command("search")
+def bench_search(
+    tools: Annotated[int, typer.Option(help="Catalog size.")] = 10_000,
+    requests: Annotated[int, typer.Option(help="Measured requests.")] = 2000,
+    clients: Annotated[int, typer.Option(help="Concurrent gRPC clients.")] = 4,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Search latency over gRPC with concurrent clients, and the same ranking in-process."""
+    from pml_cli.bench_search import bench_search as run_bench
+
+    result = run_bench(Settings(), tools, requests, clients, err)
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+    else:
+        for key, value in result.items():
+            out.print(f"{key:>16}: {value}")
+
+
+@config_app.command("docs")
+def config_docs() -> None:
+    """Print the configuration reference (Markdown) generated from the settings module."""
+    from pml_cli.config_docs import render
+
+    sys.stdout.write(render())

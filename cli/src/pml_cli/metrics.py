@@ -1,0 +1,66 @@
+"""Retrieval metrics, computed exactly as the evaluation data's README defines them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+def recall_at(ranked: Sequence[str], relevant: Sequence[str], k: int) -> float:
+    """|relevant ∩ top-k| / |relevant|."""
+    wanted = set(relevant)
+    if not wanted:
+        return 0.0
+    return len(wanted.intersection(ranked[:k])) / len(wanted)
+
+
+def reciprocal_rank(ranked: Sequence[str], relevant: Sequence[str]) -> float:
+    """1 / rank of the first relevant item, 0 when none is ranked."""
+    wanted = set(relevant)
+    for rank, item in enumerate(ranked, start=1):
+        if item in wanted:
+            return 1.0 / rank
+    return 0.0
+
+
+def ndcg_at(ranked: Sequence[str], relevant: Sequence[str], k: int) -> float:
+    """NDCG@k with binary relevance."""
+    wanted = set(relevant)
+    dcg = sum(1.0 / math.log2(i + 2) for i, item in enumerate(ranked[:k]) if item in wanted)
+    ideal = sum(1.0 / math.log2(i + 2) for i in range(min(len(wanted), k)))
+    return dcg / ideal if ideal else 0.0
+
+
+def all_in_top(ranked: Sequence[str], relevant: Sequence[str], k: int) -> float:
+    """1.0 when every relevant item is in the top k, else 0.0."""
+    return 1.0 if set(relevant) <= set(ranked[:k]) else 0.0
+
+
+@dataclass
+class ToolMetrics:
+    """Running means of the tool-retrieval metrics over queries."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    queries: int = 0
+
+    def add(self, ranked: Sequence[str], relevant: Sequence[str]) -> None:
+        values = {
+            "recall@1": recall_at(ranked, relevant, 1),
+            "recall@5": recall_at(ranked, relevant, 5),
+            "recall@10": recall_at(ranked, relevant, 10),
+            "ndcg@5": ndcg_at(ranked, relevant, 5),
+            "mrr": reciprocal_rank(ranked, relevant),
+            "hit@1": 1.0 if ranked[:1] and ranked[0] in set(relevant) else 0.0,
+        }
+        for name, value in values.items():
+            self.sums[name] = self.sums.get(name, 0.0) + value
+        self.queries += 1
+
+    def result(self) -> dict[str, float | int]:
+        out: dict[str, float | int] = {
+            name: round(total / self.queries, 4) if self.queries else 0.0
+            for name, total in self.sums.items()
+        }
+        out["queries"] = self.queries
+        return out

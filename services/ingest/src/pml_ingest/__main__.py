@@ -1,0 +1,3 @@
+from pml_ingest.main import main
+
+main()

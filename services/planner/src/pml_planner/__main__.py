@@ -1,0 +1,3 @@
+from pml_planner.main import main
+
+main()

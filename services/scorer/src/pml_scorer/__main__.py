@@ -1,0 +1,3 @@
+from pml_scorer.main import main
+
+main()
