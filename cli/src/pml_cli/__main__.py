@@ -1,0 +1,3 @@
+from pml_cli.main import app
+
+app()
