@@ -1,0 +1,160 @@
+"""Read-only, in-memory view of the tool graph the trainer writes in Neo4j.
+
+Search never writes Neo4j. For each tenant it keeps the execution statistics of tools and
+capabilities and the tool→tool LINK edges in memory, loaded on the tenant's first request and
+refreshed when the trainer publishes `GraphChanged` (only the named nodes when the event names
+some, the whole tenant otherwise). The ranking hot path therefore makes no Neo4j round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import neo4j
+import structlog
+
+from pml_search.ranking import LinkGraph, success_rate_of
+
+log = structlog.get_logger(__name__)
+
+_TOOL_STATS = """
+MATCH (n:Tool {tenant_id: $tenant})
+WHERE $ids IS NULL OR n.id IN $ids
+RETURN n.id AS id, n.executions AS executions, n.successes AS successes,
+       n.success_rate AS success_rate
+"""
+
+_CAPABILITY_STATS = """
+MATCH (n:Capability {tenant_id: $tenant})
+WHERE $ids IS NULL OR n.id IN $ids
+RETURN n.id AS id, n.executions AS executions, n.successes AS successes,
+       n.success_rate AS success_rate
+"""
+
+_ALL_LINKS = """
+MATCH (a:Tool {tenant_id: $tenant})-[l:LINK]->(b:Tool {tenant_id: $tenant})
+RETURN a.id AS src, b.id AS dst, l.weight AS weight
+"""
+
+_LINKS_TOUCHING = """
+MATCH (a:Tool {tenant_id: $tenant})-[l:LINK]-(b:Tool {tenant_id: $tenant})
+WHERE a.id IN $ids
+RETURN startNode(l).id AS src, endNode(l).id AS dst, l.weight AS weight
+"""
+
+
+@dataclass(frozen=True)
+class NodeStats:
+    executions: int
+    successes: int
+    success_rate: float | None  # None when never executed
+
+
+@dataclass
+class TenantGraph:
+    """One tenant's statistics and edges, as last read from Neo4j."""
+
+    tools: dict[str, NodeStats] = field(default_factory=dict)
+    capabilities: dict[str, NodeStats] = field(default_factory=dict)
+    links: LinkGraph = field(default_factory=LinkGraph)
+
+    def stats(self, kind: str, node_id: str) -> NodeStats | None:
+        table = self.tools if kind == "tool" else self.capabilities
+        return table.get(node_id)
+
+
+def _stats_of(record: neo4j.Record | dict[str, Any]) -> NodeStats:
+    executions = int(record["executions"] or 0)
+    successes = int(record["successes"] or 0)
+    rate = success_rate_of(
+        {
+            "executions": executions,
+            "successes": successes,
+            "success_rate": record["success_rate"],
+        }
+    )
+    return NodeStats(executions=executions, successes=successes, success_rate=rate)
+
+
+def _edges_of(records: Iterable[neo4j.Record]) -> list[tuple[str, str, float]]:
+    return [(r["src"], r["dst"], float(r["weight"] or 0.0)) for r in records]
+
+
+class GraphView:
+    """Per-tenant cache of the graph facts ranking needs."""
+
+    def __init__(self, driver: neo4j.AsyncDriver, database: str) -> None:
+        self._driver = driver
+        self._database = database
+        self._tenants: dict[str, TenantGraph] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def get(self, tenant: str) -> TenantGraph:
+        """The tenant's view, read from Neo4j on first use only."""
+        cached = self._tenants.get(tenant)
+        if cached is not None:
+            return cached
+        async with self._lock(tenant):
+            cached = self._tenants.get(tenant)
+            if cached is None:
+                cached = await self._load(tenant)
+                self._tenants[tenant] = cached
+            return cached
+
+    def cached(self, tenant: str) -> TenantGraph | None:
+        return self._tenants.get(tenant)
+
+    async def refresh(self, tenant: str, node_ids: Sequence[str] = ()) -> None:
+        """Re-read the named nodes (and their edges), or the whole tenant when none are named.
+
+        A tenant not cached yet is left alone: its first request reads it whole anyway.
+        """
+        if tenant not in self._tenants:
+            return
+        async with self._lock(tenant):
+            current = self._tenants.get(tenant)
+            if current is None:
+                return
+            if not node_ids:
+                self._tenants[tenant] = await self._load(tenant)
+                return
+            await self._refresh_nodes(tenant, current, list(dict.fromkeys(node_ids)))
+
+    def forget(self, tenant: str) -> None:
+        self._tenants.pop(tenant, None)
+
+    def _lock(self, tenant: str) -> asyncio.Lock:
+        return self._locks.setdefault(tenant, asyncio.Lock())
+
+    async def _query(self, cypher: str, **params: Any) -> list[neo4j.Record]:
+        records, _, _ = await self._driver.execute_query(
+            cypher, params, database_=self._database, routing_=neo4j.RoutingControl.READ
+        )
+        return list(records)
+
+    async def _load(self, tenant: str) -> TenantGraph:
+        tools = await self._query(_TOOL_STATS, tenant=tenant, ids=None)
+        caps = await self._query(_CAPABILITY_STATS, tenant=tenant, ids=None)
+        links = await self._query(_ALL_LINKS, tenant=tenant)
+        view = TenantGraph(
+            tools={r["id"]: _stats_of(r) for r in tools},
+            capabilities={r["id"]: _stats_of(r) for r in caps},
+            links=LinkGraph.from_edges(_edges_of(links)),
+        )
+        log.debug("graph view loaded", tenant=tenant, nodes=len(tools), edges=len(links))
+        return view
+
+    async def _refresh_nodes(self, tenant: str, view: TenantGraph, ids: list[str]) -> None:
+        tools = await self._query(_TOOL_STATS, tenant=tenant, ids=ids)
+        caps = await self._query(_CAPABILITY_STATS, tenant=tenant, ids=ids)
+        links = await self._query(_LINKS_TOUCHING, tenant=tenant, ids=ids)
+        for table, records in ((view.tools, tools), (view.capabilities, caps)):
+            for node_id in ids:
+                table.pop(node_id, None)
+            table.update({r["id"]: _stats_of(r) for r in records})
+        view.links.remove_edges_touching(ids)
+        for src, dst, weight in _edges_of(links):
+            view.links.add_edge(src, dst, weight)
