@@ -76,6 +76,8 @@ class LinkGraph:
 
     out: dict[str, dict[str, float]] = field(default_factory=dict)
     inc: dict[str, dict[str, float]] = field(default_factory=dict)
+    # (edge count, node count), computed on demand and dropped by every change
+    _sizes: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_edges(cls, edges: Iterable[tuple[str, str, float]]) -> LinkGraph:
@@ -87,11 +89,13 @@ class LinkGraph:
     def add_edge(self, src: str, dst: str, weight: float) -> None:
         if src == dst:
             return
+        self._sizes = None
         best = max(weight, self.out.get(src, {}).get(dst, weight))
         self.out.setdefault(src, {})[dst] = best
         self.inc.setdefault(dst, {})[src] = best
 
     def remove_edges_touching(self, node_ids: Iterable[str]) -> None:
+        self._sizes = None
         for node in node_ids:
             for dst in self.out.pop(node, {}):
                 self.inc.get(dst, {}).pop(node, None)
@@ -99,10 +103,16 @@ class LinkGraph:
                 self.out.get(src, {}).pop(node, None)
 
     def edge_count(self) -> int:
-        return sum(len(d) for d in self.out.values())
+        return self._counts()[0]
 
     def node_count(self) -> int:
-        return len(set(self.out) | set(self.inc))
+        return self._counts()[1]
+
+    def _counts(self) -> tuple[int, int]:
+        if self._sizes is None:
+            nodes = {n for n, d in self.out.items() if d} | {n for n, d in self.inc.items() if d}
+            self._sizes = (sum(len(d) for d in self.out.values()), len(nodes))
+        return self._sizes
 
     def has_edge_either_way(self, a: str, b: str) -> bool:
         return b in self.out.get(a, {}) or a in self.out.get(b, {})
