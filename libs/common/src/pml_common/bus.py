@@ -1,0 +1,466 @@
+"""The event bus: Redis Streams with consumer groups, on FastStream.
+
+Contract (docs/architecture.md, "Events"): one stream per event type; each entry holds the event
+JSON in its `data` field, with the publisher's trace context in `event.trace`. A subscription
+consumes its stream in a consumer group, at least once:
+
+- the handler runs in a CONSUMER span whose parent is the publisher's span;
+- an event id already handled by the group is skipped (marked only after the handler succeeds);
+- a payload that can never be handled (`EventRejected`) goes to the dead-letter stream, acked;
+- a handler that raises leaves the entry pending; the reclaimer (XAUTOCLAIM after
+  `reclaim_idle_ms`) redelivers it, also when the consumer that read it died; at
+  `max_deliveries` it is dead-lettered with the exception text and acked;
+- a group that vanished (Redis flushed or restarted empty) is recreated and consuming resumes.
+
+FastStream runs two subscribers per subscription, both calling the same code: one reads new
+entries (XREADGROUP), the other reclaims idle pending ones (a `StreamSub` with `min_idle_time`
+only does XAUTOCLAIM). FastStream's own OpenTelemetry middleware is not used: it reads trace
+headers from FastStream's envelope, which plain JSON entries do not have, and would open a second,
+unparented trace; spans here are parented from `event.trace` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+import structlog
+from faststream.middlewares import AckPolicy
+from faststream.redis import RedisBroker, StreamSub
+from faststream.redis.annotations import RedisStreamMessage
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from pydantic import BaseModel
+from redis.exceptions import ResponseError
+
+from pml_common.events import Event, EventRejected, Streams, parse_event
+from pml_common.settings import Settings
+from pml_common.telemetry import extract_trace, inject_trace
+
+E = TypeVar("E", bound=Event)
+
+#: Field of a stream entry that holds the event JSON.
+EVENT_FIELD = "data"
+_EVENT_FIELD_B = EVENT_FIELD.encode()
+#: Entries read per XREADGROUP call.
+_BATCH = 16
+#: How often the watchdog checks that every subscriber still runs.
+_WATCHDOG_INTERVAL_S = 0.5
+
+log = structlog.get_logger("pml_common.bus")
+_tracer = trace.get_tracer("pml_common.bus")
+
+
+class DeadLetter(BaseModel):
+    """One entry of `Streams.DEAD_LETTER`: what could not be handled, and why."""
+
+    stream: str
+    group: str
+    entry_id: str
+    event_id: str | None
+    reason: str
+    payload: str
+    failed_at: datetime
+
+
+@dataclass(frozen=True)
+class _Subscription:
+    event_type: type[Event]
+    group: str
+    handler: Callable[[Any], Awaitable[None]]
+    dedupe: bool
+
+    @property
+    def stream(self) -> str:
+        return self.event_type.STREAM
+
+
+class EventBus:
+    """Publishes events and runs the subscriptions of one service."""
+
+    def __init__(
+        self, settings: Settings, service: str, *, redis: aioredis.Redis | None = None
+    ) -> None:
+        self._settings = settings
+        self._service = service
+        self._redis = redis or aioredis.Redis.from_url(settings.redis_url)
+        self._owns_redis = redis is None
+        self._subscriptions: list[_Subscription] = []
+        self._broker: RedisBroker | None = None
+        self._consumers: list[tuple[_Subscription, Any]] = []
+        self._watchdog: asyncio.Task[None] | None = None
+        # Entries whose handler is running in this process: the reclaimer must not start a
+        # second run of an entry that is merely slow (same consumer name, so XAUTOCLAIM sees it).
+        self._in_flight: set[tuple[str, str, bytes]] = set()
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        event_type: type[E],
+        group: str,
+        handler: Callable[[E], Awaitable[None]],
+        *,
+        dedupe: bool = True,
+    ) -> None:
+        """Consume `event_type`'s stream in consumer group `group`; call before `start()`."""
+        if self._broker is not None:
+            raise RuntimeError("subscribe() must be called before start()")
+        if any(s.event_type is event_type and s.group == group for s in self._subscriptions):
+            raise ValueError(f"{event_type.TYPE} is already subscribed in group {group!r}")
+        self._subscriptions.append(_Subscription(event_type, group, handler, dedupe))
+
+    async def start(self) -> None:
+        if self._broker is not None:
+            return
+        for sub in self._subscriptions:
+            await self._ensure_group(sub)
+        broker = RedisBroker(
+            self._settings.redis_url,
+            # FastStream's per-message access log would double ours; keep it at DEBUG.
+            log_level=logging.DEBUG,
+            graceful_timeout=10.0,
+        )
+        for sub in self._subscriptions:
+            self._consumers.append((sub, self._register(broker, sub, reclaim=False)))
+            self._consumers.append((sub, self._register(broker, sub, reclaim=True)))
+        self._broker = broker
+        if self._subscriptions:
+            await broker.start()
+            self._watchdog = asyncio.create_task(
+                self._watch(), name=f"bus-watchdog-{self._service}"
+            )
+        log.info("bus.started", service=self._service, subscriptions=len(self._subscriptions))
+
+    async def stop(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
+            self._watchdog = None
+        if self._broker is not None and self._subscriptions:
+            await self._broker.stop()
+        self._broker = None
+        self._consumers.clear()
+        if self._owns_redis:
+            await self._redis.aclose()
+
+    async def __aenter__(self) -> EventBus:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # --- publishing ---------------------------------------------------------------------------
+
+    async def publish(self, event: Event) -> str:
+        """Append `event` to its stream, carrying the current trace; returns the entry id."""
+        with _tracer.start_as_current_span(
+            f"publish {event.TYPE}",
+            kind=SpanKind.PRODUCER,
+            attributes=_span_attributes(event.STREAM, event),
+        ):
+            traced = event.model_copy(update={"trace": inject_trace()})
+            entry_id = await self._redis.xadd(
+                event.STREAM,
+                {EVENT_FIELD: traced.to_json()},
+                maxlen=self._settings.stream_maxlen,
+                approximate=True,
+            )
+        return _text(entry_id)
+
+    async def dead_letters(self, count: int = 100) -> list[DeadLetter]:
+        """The last `count` dead letters, oldest first."""
+        rows: list[tuple[bytes, dict[bytes, bytes]]] = await self._redis.xrevrange(  # type: ignore[assignment]
+            Streams.DEAD_LETTER, count=count
+        )
+        letters = []
+        for entry_id, fields in reversed(rows):
+            data = {_text(k): _text(v) for k, v in fields.items()}
+            letters.append(
+                DeadLetter(
+                    stream=data.get("stream", ""),
+                    group=data.get("group", ""),
+                    entry_id=data.get("entry_id", _text(entry_id)),
+                    event_id=data.get("event_id") or None,
+                    reason=data.get("reason", ""),
+                    payload=data.get("payload", ""),
+                    failed_at=data.get("failed_at") or datetime.now(UTC),
+                )
+            )
+        return letters
+
+    # --- consuming ----------------------------------------------------------------------------
+
+    def _register(self, broker: RedisBroker, sub: _Subscription, *, reclaim: bool) -> Any:
+        settings = self._settings
+        stream = StreamSub(
+            sub.stream,
+            group=sub.group,
+            consumer=settings.consumer_name,
+            max_records=_BATCH,
+            # The reclaimer polls slower: pending entries only matter once they are idle.
+            polling_interval=max(100, settings.reclaim_idle_ms // 4) if reclaim else 100,
+            min_idle_time=settings.reclaim_idle_ms if reclaim else None,
+        )
+        subscriber = broker.subscriber(
+            stream=stream, ack_policy=AckPolicy.MANUAL, parser=_envelope_parser
+        )
+
+        async def on_entry(message: RedisStreamMessage) -> None:
+            await self._on_entry(sub, message.raw_message, reclaimed=reclaim)
+
+        on_entry.__name__ = f"{sub.group}:{sub.event_type.TYPE}:{'reclaim' if reclaim else 'read'}"
+        subscriber(on_entry)
+        return subscriber
+
+    async def _on_entry(
+        self, sub: _Subscription, raw: Mapping[str, Any], *, reclaimed: bool
+    ) -> None:
+        entry_id: bytes = raw["message_ids"][0]
+        key = (sub.stream, sub.group, entry_id)
+        if key in self._in_flight:
+            return
+        self._in_flight.add(key)
+        try:
+            await self._process(sub, entry_id, raw["data"], reclaimed=reclaimed)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Bookkeeping failed (e.g. Redis unreachable): the entry stays pending and the
+            # reclaimer retries it later, so log instead of letting FastStream tear down.
+            log.exception(
+                "bus.entry_failed", stream=sub.stream, group=sub.group, entry_id=_text(entry_id)
+            )
+        finally:
+            self._in_flight.discard(key)
+
+    async def _process(
+        self, sub: _Subscription, entry_id: bytes, fields: dict[bytes, bytes], *, reclaimed: bool
+    ) -> None:
+        payload = fields.get(_EVENT_FIELD_B)
+        if payload is None:
+            raw_fields = json.dumps({_text(k): _text(v) for k, v in fields.items()})
+            await self._reject(
+                sub, entry_id, None, f"entry has no `{EVENT_FIELD}` field", raw_fields
+            )
+            return
+        try:
+            event = parse_event(payload)
+            if not isinstance(event, sub.event_type):
+                raise EventRejected(
+                    f"{event.type} does not belong on {sub.stream} (expects {sub.event_type.TYPE})"
+                )
+        except EventRejected as exc:
+            await self._reject(sub, entry_id, _guess_event_id(payload), exc.reason, _text(payload))
+            return
+        if reclaimed and await self._exhausted(sub, entry_id, event, payload):
+            return
+        if sub.dedupe and await self._redis.exists(self._dedupe_key(sub, event)):
+            log.debug("bus.duplicate_skipped", group=sub.group, event_id=event.event_id)
+            await self._ack(sub, entry_id)
+            return
+        if await self._run_handler(sub, entry_id, event, payload):
+            if sub.dedupe:
+                await self._redis.set(
+                    self._dedupe_key(sub, event), b"1", ex=self._settings.dedupe_ttl_s
+                )
+            await self._ack(sub, entry_id)
+
+    async def _run_handler(
+        self, sub: _Subscription, entry_id: bytes, event: Event, payload: bytes
+    ) -> bool:
+        """Run the handler in a span continuing the publisher's trace; True on success."""
+        with _tracer.start_as_current_span(
+            f"consume {event.TYPE}",
+            context=extract_trace(event.trace),
+            kind=SpanKind.CONSUMER,
+            attributes={
+                **_span_attributes(sub.stream, event),
+                "messaging.consumer.group.name": sub.group,
+                "messaging.redis.entry_id": _text(entry_id),
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                await sub.handler(event)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                await self._handler_failed(sub, entry_id, event, payload, exc)
+                return False
+        return True
+
+    async def _handler_failed(
+        self, sub: _Subscription, entry_id: bytes, event: Event, payload: bytes, exc: Exception
+    ) -> None:
+        deliveries = await self._deliveries(sub, entry_id)
+        error = f"{type(exc).__name__}: {exc}"
+        if deliveries >= self._settings.max_deliveries:
+            reason = f"handler failed {deliveries} times; last error: {error}"
+            await self._reject(sub, entry_id, event.event_id, reason, _text(payload))
+            return
+        log.warning(
+            "bus.handler_failed_will_retry",
+            stream=sub.stream,
+            group=sub.group,
+            entry_id=_text(entry_id),
+            event_id=event.event_id,
+            delivery=deliveries,
+            max_deliveries=self._settings.max_deliveries,
+            retry_after_ms=self._settings.reclaim_idle_ms,
+            error=error,
+        )
+
+    async def _exhausted(
+        self, sub: _Subscription, entry_id: bytes, event: Event, payload: bytes
+    ) -> bool:
+        """Dead-letter a reclaimed entry delivered too often without any handler verdict
+        (its consumers died while handling it: a poison message that kills processes)."""
+        deliveries = await self._deliveries(sub, entry_id)
+        if deliveries <= self._settings.max_deliveries:
+            return False
+        reason = f"delivered {deliveries} times without being handled (consumers died?)"
+        await self._reject(sub, entry_id, event.event_id, reason, _text(payload))
+        return True
+
+    async def _reject(
+        self,
+        sub: _Subscription,
+        entry_id: bytes,
+        event_id: str | None,
+        reason: str,
+        payload: str,
+    ) -> None:
+        """Dead-letter then ack: the entry is never retried, the group keeps consuming."""
+        await self._redis.xadd(
+            Streams.DEAD_LETTER,
+            {
+                "stream": sub.stream,
+                "group": sub.group,
+                "entry_id": _text(entry_id),
+                "event_id": event_id or "",
+                "reason": reason,
+                "payload": payload,
+                "failed_at": datetime.now(UTC).isoformat(),
+            },
+            maxlen=self._settings.stream_maxlen,
+            approximate=True,
+        )
+        await self._ack(sub, entry_id)
+        log.error(
+            "bus.dead_lettered",
+            stream=sub.stream,
+            group=sub.group,
+            entry_id=_text(entry_id),
+            event_id=event_id,
+            reason=reason,
+        )
+
+    async def _ack(self, sub: _Subscription, entry_id: bytes) -> None:
+        await self._redis.xack(sub.stream, sub.group, entry_id)
+
+    async def _deliveries(self, sub: _Subscription, entry_id: bytes) -> int:
+        rows = await self._redis.xpending_range(
+            sub.stream, sub.group, min=entry_id, max=entry_id, count=1
+        )
+        return int(rows[0]["times_delivered"]) if rows else 0
+
+    def _dedupe_key(self, sub: _Subscription, event: Event) -> str:
+        return f"pml:dedupe:{sub.group}:{event.event_id}"
+
+    async def _ensure_group(self, sub: _Subscription) -> bool:
+        """Create the group if missing; True when it had to be created.
+
+        A new group starts at the stream's beginning ("0"): events published before the
+        consumer first started, or between a Redis flush and the group's recreation, are
+        still handled (dedupe covers the overlap).
+        """
+        try:
+            await self._redis.xgroup_create(sub.stream, sub.group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+            return False
+        return True
+
+    async def _watch(self) -> None:
+        """Restart subscribers FastStream stopped for good (it stops on NOGROUP)."""
+        while True:
+            await asyncio.sleep(_WATCHDOG_INTERVAL_S)
+            for sub, consumer in list(self._consumers):
+                if consumer.running:
+                    continue
+                try:
+                    created = await self._ensure_group(sub)
+                    await consumer.start()
+                    log.warning(
+                        "bus.consumer_restarted",
+                        stream=sub.stream,
+                        group=sub.group,
+                        group_recreated=created,
+                    )
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning(
+                        "bus.consumer_restart_failed",
+                        stream=sub.stream,
+                        group=sub.group,
+                        error=f"{type(exc).__name__}: {exc}",
+                    )
+
+
+async def _envelope_parser(message: Any, original: Callable[[Any], Awaitable[Any]]) -> Any:
+    """FastStream parser that never fails: entries are decoded by the bus, not by FastStream.
+
+    FastStream's default parser JSON-encodes the raw fields and raises on bytes that are not
+    UTF-8, which would leave such an entry pending forever; it parses an empty body instead and
+    the handler reads the untouched `raw_message`.
+    """
+    parsed = await original({**message, "data": {}})
+    parsed.raw_message = message
+    return parsed
+
+
+def _span_attributes(stream: str, event: Event) -> dict[str, str]:
+    return {
+        "messaging.system": "redis",
+        "messaging.destination.name": stream,
+        "messaging.message.id": event.event_id,
+        "pml.event.type": event.TYPE,
+        "pml.tenant_id": event.tenant_id,
+    }
+
+
+def _guess_event_id(payload: bytes) -> str | None:
+    """The `event_id` of a rejected payload, when it has a usable one (for the dead letter)."""
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return None
+    event_id = data.get("event_id") if isinstance(data, dict) else None
+    return event_id if isinstance(event_id, str) and event_id else None
+
+
+def _text(value: bytes | str | Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)

@@ -1,0 +1,140 @@
+"""OpenTelemetry tracing and structured logs, set up once in each composition root.
+
+`setup_telemetry` installs the process's tracer provider (the one piece of global state
+OpenTelemetry requires); `configure_logging` makes every log line a structlog event carrying
+`trace_id`/`span_id` when it is emitted inside a span, so logs and traces join up in the UI.
+`inject_trace`/`extract_trace` carry the W3C context across Redis streams (`Event.trace`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Mapping, MutableMapping
+from typing import Any, TextIO
+
+import structlog
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+from pml_common.settings import Settings
+
+_HANDLER_NAME = "pml-structlog"
+
+
+def setup_telemetry(
+    service_name: str, settings: Settings, *, span_exporter: SpanExporter | None = None
+) -> TracerProvider:
+    """Install the global tracer provider, or return the one already installed.
+
+    OpenTelemetry allows one global provider per process, so a second call (several services
+    in one process, or several tests) reuses it; an explicit `span_exporter` is then added to
+    it, which is what lets each test attach its own in-memory exporter.
+    """
+    current = trace.get_tracer_provider()
+    if isinstance(current, TracerProvider):
+        if span_exporter is not None:
+            current.add_span_processor(SimpleSpanProcessor(span_exporter))
+        return current
+
+    provider = TracerProvider(
+        resource=Resource.create({SERVICE_NAME: service_name}),
+        # ParentBased: a service never cuts a trace its caller decided to sample.
+        sampler=ParentBased(TraceIdRatioBased(settings.otel_sample_ratio)),
+    )
+    if settings.otel_exporter_otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        endpoint = settings.otel_exporter_otlp_endpoint
+        exporter = OTLPSpanExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"))
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    if span_exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(span_exporter))
+    trace.set_tracer_provider(provider)
+    return provider
+
+
+def inject_trace() -> dict[str, str]:
+    """The current trace context as W3C headers (`traceparent`, `tracestate`)."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+def extract_trace(carrier: Mapping[str, str]) -> Context:
+    """A context whose current span is the remote parent described by `carrier`."""
+    return propagate.extract(dict(carrier))
+
+
+def _add_trace_ids(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """structlog processor: stamp the current span's ids so logs can be joined to traces."""
+    ctx = trace.get_current_span().get_span_context()
+    if ctx.is_valid:
+        event_dict.setdefault("trace_id", format(ctx.trace_id, "032x"))
+        event_dict.setdefault("span_id", format(ctx.span_id, "016x"))
+    return event_dict
+
+
+def configure_logging(
+    service_name: str, settings: Settings, *, stream: TextIO | None = None
+) -> None:
+    """Route structlog and standard-library logging through one renderer.
+
+    Calling it again replaces the handler it installed (nothing piles up); `stream` defaults
+    to stderr and exists for tests.
+    """
+    level = logging.getLevelNamesMapping().get(settings.log_level.upper(), logging.INFO)
+
+    def add_service(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+        event_dict.setdefault("service", service_name)
+        return event_dict
+
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        add_service,
+        _add_trace_ids,
+    ]
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if settings.log_format == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *shared,
+            structlog.stdlib.PositionalArgumentsFormatter(),
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.set_name(_HANDLER_NAME)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=shared,
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == _HANDLER_NAME]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)

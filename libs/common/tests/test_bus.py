@@ -1,0 +1,336 @@
+"""EventBus against a real Redis: delivery, groups, dedupe, dead letters, retries, reclaiming."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import redis.asyncio as aioredis
+
+from pml_common.bus import EVENT_FIELD, DeadLetter, EventBus
+from pml_common.events import ExecutionCompleted, ExecutionStep, GraphChanged, Streams
+from pml_common.settings import Settings
+
+STREAM = ExecutionCompleted.STREAM
+
+
+def execution(tenant: str, intent: str = "do it", **fields: object) -> ExecutionCompleted:
+    event: ExecutionCompleted = ExecutionCompleted.create(
+        tenant_id=tenant,
+        intent=intent,
+        steps=[ExecutionStep(node_id="fs:read", success=True)],
+        outcome="success",
+        **fields,
+    )
+    return event
+
+
+def group_name() -> str:
+    return f"g-{uuid.uuid4().hex[:8]}"
+
+
+async def eventually(check: Callable[[], bool], within: float = 10.0) -> None:
+    """Wait until `check()` holds; fail the test with a timeout otherwise."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)
+
+
+async def dead_letters_of(
+    bus: EventBus, group: str, entry_ids: set[str], within: float = 10.0
+) -> list[DeadLetter]:
+    """The dead letters of these entries in this group (a new group also sees older entries)."""
+    found: list[DeadLetter] = []
+    deadline = asyncio.get_running_loop().time() + within
+    while len(found) < len(entry_ids):
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"expected dead letters of {entry_ids} in {group}, got {found}")
+        await asyncio.sleep(0.1)
+        found = [
+            d for d in await bus.dead_letters(1000) if d.group == group and d.entry_id in entry_ids
+        ]
+    return found
+
+
+@pytest.fixture
+async def redis_client(settings: Settings) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(settings.redis_url)
+    yield client
+    await client.aclose()
+
+
+def recorder(
+    tenant: str,
+) -> tuple[list[ExecutionCompleted], Callable[[ExecutionCompleted], Awaitable[None]]]:
+    """A handler keeping the events of this test's tenant (streams are shared between tests)."""
+    seen: list[ExecutionCompleted] = []
+
+    async def handle(event: ExecutionCompleted) -> None:
+        if event.tenant_id == tenant:
+            seen.append(event)
+
+    return seen, handle
+
+
+async def test_publish_then_consume(settings: Settings, tenant: str) -> None:
+    seen, handle = recorder(tenant)
+    bus = EventBus(settings, "test")
+    bus.subscribe(ExecutionCompleted, group_name(), handle)
+    async with bus:
+        sent = execution(tenant, intent="read a file")
+        entry_id = await bus.publish(sent)
+        assert "-" in entry_id
+        await eventually(lambda: len(seen) == 1)
+    got = seen[0]
+    assert got.event_id == sent.event_id
+    assert got.intent == "read a file"
+    assert got.steps == sent.steps
+
+
+async def test_entry_holds_event_json_and_is_capped(
+    settings: Settings, tenant: str, redis_client: aioredis.Redis
+) -> None:
+    async with EventBus(settings, "test") as bus:
+        sent = execution(tenant)
+        entry_id = await bus.publish(sent)
+    rows = await redis_client.xrange(STREAM, min=entry_id, max=entry_id)
+    body = json.loads(rows[0][1][EVENT_FIELD.encode()])
+    assert body["event_id"] == sent.event_id
+    assert body["type"] == "ExecutionCompleted"
+
+
+async def test_one_group_shares_events_two_groups_each_get_all(
+    settings: Settings, tenant: str
+) -> None:
+    shared = group_name()
+    other = group_name()
+    got_a: list[str] = []
+    got_b: list[str] = []
+    got_other: list[str] = []
+
+    def slow_recorder(into: list[str]) -> Callable[[ExecutionCompleted], Awaitable[None]]:
+        async def handle(event: ExecutionCompleted) -> None:
+            if event.tenant_id == tenant:
+                # A slow handler keeps one consumer busy, so the other one gets entries too.
+                await asyncio.sleep(0.02)
+                into.append(event.event_id)
+
+        return handle
+
+    bus_a = EventBus(settings.model_copy(update={"consumer_name": "a-" + tenant}), "a")
+    bus_b = EventBus(settings.model_copy(update={"consumer_name": "b-" + tenant}), "b")
+    bus_o = EventBus(settings, "other")
+    bus_a.subscribe(ExecutionCompleted, shared, slow_recorder(got_a))
+    bus_b.subscribe(ExecutionCompleted, shared, slow_recorder(got_b))
+    bus_o.subscribe(ExecutionCompleted, other, slow_recorder(got_other))
+    async with bus_a, bus_b, bus_o:
+        sent = [execution(tenant, intent=f"run {i}") for i in range(30)]
+        for event in sent:
+            await bus_a.publish(event)
+            await asyncio.sleep(0.005)
+        ids = {e.event_id for e in sent}
+        await eventually(lambda: len(got_a) + len(got_b) == 30 and len(got_other) == 30)
+        await asyncio.sleep(0.3)  # nothing more arrives
+    assert set(got_a).isdisjoint(got_b)
+    assert set(got_a) | set(got_b) == ids
+    assert len(got_a) + len(got_b) == 30
+    assert got_a and got_b, "both consumers of the shared group should have handled events"
+    assert sorted(got_other) == sorted(ids)
+
+
+async def test_same_event_id_is_handled_once_per_group(settings: Settings, tenant: str) -> None:
+    seen, handle = recorder(tenant)
+    group = group_name()
+    bus = EventBus(settings, "test")
+    bus.subscribe(ExecutionCompleted, group, handle)
+    async with bus:
+        event = execution(tenant)
+        await bus.publish(event)
+        await bus.publish(event)  # a redelivery: same event id, new entry
+        marker = execution(tenant, intent="marker")
+        await bus.publish(marker)
+        await eventually(lambda: any(e.intent == "marker" for e in seen))
+        await bus.publish(event)
+        marker2 = execution(tenant, intent="marker2")
+        await bus.publish(marker2)
+        await eventually(lambda: any(e.intent == "marker2" for e in seen))
+    assert [e.event_id for e in seen] == [event.event_id, marker.event_id, marker2.event_id]
+
+
+async def test_without_dedupe_every_delivery_is_handled(settings: Settings, tenant: str) -> None:
+    seen, handle = recorder(tenant)
+    bus = EventBus(settings, "test")
+    bus.subscribe(ExecutionCompleted, group_name(), handle, dedupe=False)
+    async with bus:
+        event = execution(tenant)
+        await bus.publish(event)
+        await bus.publish(event)
+        await eventually(lambda: len(seen) == 2)
+
+
+async def test_rejected_payloads_are_dead_lettered_and_consuming_goes_on(
+    settings: Settings, tenant: str, redis_client: aioredis.Redis
+) -> None:
+    seen, handle = recorder(tenant)
+    group = group_name()
+    good = execution(tenant)
+    valid = json.loads(execution(tenant).to_json())
+    bad_payloads = {
+        "not json": b"{this is not json",
+        "not utf-8": b"\xff\xfe\x00",
+        "unknown type": json.dumps({**valid, "type": "NoSuchEvent"}).encode(),
+        "unknown version": json.dumps({**valid, "version": 99}).encode(),
+        "invalid fields": json.dumps({**valid, "steps": []}).encode(),
+        "wrong stream": json.dumps(
+            {**valid, "type": "GraphChanged", "reason": "x", "steps": None}
+        ).encode(),
+    }
+    bus = EventBus(settings, "test")
+    bus.subscribe(ExecutionCompleted, group, handle)
+    async with bus:
+        entry_ids = [
+            (await redis_client.xadd(STREAM, {EVENT_FIELD: payload})).decode()
+            for payload in bad_payloads.values()
+        ]
+        entry_ids.append((await redis_client.xadd(STREAM, {"something": "else"})).decode())
+        await bus.publish(good)
+        await eventually(lambda: [e.event_id for e in seen] == [good.event_id])
+        letters = await dead_letters_of(bus, group, set(entry_ids))
+        pending = await redis_client.xpending(STREAM, group)
+    assert [d.entry_id for d in letters] == entry_ids
+    reasons = [d.reason for d in letters]
+    assert "payload is not JSON" in reasons[0]
+    assert "payload is not JSON" in reasons[1]
+    assert "unknown event type 'NoSuchEvent'" in reasons[2]
+    assert "unsupported version 99 of ExecutionCompleted" in reasons[3]
+    assert "invalid ExecutionCompleted v1" in reasons[4] and "steps" in reasons[4]
+    assert "does not belong on" in reasons[5] or "invalid GraphChanged" in reasons[5]
+    assert "no `data` field" in reasons[6]
+    assert all(d.stream == STREAM for d in letters)
+    assert letters[2].event_id == valid["event_id"]
+    assert letters[0].payload == "{this is not json"
+    assert pending["pending"] == 0, "dead-lettered entries must be acknowledged"
+
+
+async def test_failing_handler_is_retried_then_dead_lettered(
+    settings: Settings, tenant: str, redis_client: aioredis.Redis
+) -> None:
+    settings = settings.model_copy(update={"max_deliveries": 3, "reclaim_idle_ms": 300})
+    group = group_name()
+    attempts: list[str] = []
+    handled: list[str] = []
+
+    async def handle(event: ExecutionCompleted) -> None:
+        if event.tenant_id != tenant:
+            return
+        if event.intent == "poison":
+            attempts.append(event.event_id)
+            raise RuntimeError(f"boom #{len(attempts)}")
+        handled.append(event.event_id)
+
+    bus = EventBus(settings, "test")
+    bus.subscribe(ExecutionCompleted, group, handle)
+    async with bus:
+        poison = execution(tenant, intent="poison")
+        poison_entry = await bus.publish(poison)
+        fine = execution(tenant, intent="fine")
+        await bus.publish(fine)
+        await eventually(lambda: handled == [fine.event_id])
+        letters = await dead_letters_of(bus, group, {poison_entry}, within=15)
+        await asyncio.sleep(1.0)  # no further attempt after dead-lettering
+        pending = await redis_client.xpending(STREAM, group)
+    assert attempts == [poison.event_id] * 3
+    assert letters[0].event_id == poison.event_id
+    assert "RuntimeError: boom #3" in letters[0].reason
+    assert "3 times" in letters[0].reason
+    assert pending["pending"] == 0
+
+
+async def test_handler_recovering_on_retry_is_handled_once(settings: Settings, tenant: str) -> None:
+    settings = settings.model_copy(update={"reclaim_idle_ms": 300})
+    calls: list[str] = []
+    done: list[str] = []
+
+    async def handle(event: ExecutionCompleted) -> None:
+        if event.tenant_id != tenant:
+            return
+        calls.append(event.event_id)
+        if len(calls) == 1:
+            raise ConnectionError("transient")
+        done.append(event.event_id)
+
+    bus = EventBus(settings, "test")
+    group = group_name()
+    bus.subscribe(ExecutionCompleted, group, handle)
+    async with bus:
+        event = execution(tenant)
+        await bus.publish(event)
+        await eventually(lambda: done == [event.event_id])
+        await asyncio.sleep(1.0)
+        letters = await bus.dead_letters(1000)
+    assert calls == [event.event_id, event.event_id]
+    assert done == [event.event_id]
+    assert not [d for d in letters if d.event_id == event.event_id]
+
+
+async def test_entries_of_a_dead_consumer_are_reclaimed_once(
+    settings: Settings, tenant: str, redis_client: aioredis.Redis
+) -> None:
+    group = group_name()
+    await redis_client.xgroup_create(STREAM, group, id="$", mkstream=True)
+    async with EventBus(settings, "publisher") as publisher:
+        sent = [execution(tenant, intent=f"lost {i}") for i in range(5)]
+        for event in sent:
+            await publisher.publish(event)
+    # A consumer reads the entries and dies before acknowledging them.
+    read = await redis_client.xreadgroup(group, "dead-consumer", {STREAM: ">"}, count=100)
+    assert len(read[0][1]) == 5
+    counts: dict[str, int] = {}
+
+    async def handle(event: ExecutionCompleted) -> None:
+        if event.tenant_id == tenant:
+            counts[event.event_id] = counts.get(event.event_id, 0) + 1
+
+    bus = EventBus(settings, "live")
+    bus.subscribe(ExecutionCompleted, group, handle)
+    async with bus:
+        await eventually(lambda: len(counts) == 5, within=15)
+        await asyncio.sleep(settings.reclaim_idle_ms / 1000 * 2)
+        pending = await redis_client.xpending(STREAM, group)
+    assert counts == {e.event_id: 1 for e in sent}
+    assert pending["pending"] == 0
+
+
+async def test_bus_recovers_after_redis_is_flushed(
+    settings: Settings, tenant: str, redis_client: aioredis.Redis
+) -> None:
+    seen, handle = recorder(tenant)
+    bus = EventBus(settings, "test")
+    bus.subscribe(ExecutionCompleted, group_name(), handle)
+    async with bus:
+        first = execution(tenant, intent="before")
+        await bus.publish(first)
+        await eventually(lambda: len(seen) == 1)
+        await redis_client.flushall()
+        await asyncio.sleep(1.0)
+        after = execution(tenant, intent="after")
+        await bus.publish(after)
+        await eventually(lambda: [e.intent for e in seen] == ["before", "after"], within=15)
+        again = execution(tenant, intent="again")
+        await bus.publish(again)
+        await eventually(lambda: len(seen) == 3)
+
+
+async def test_subscribe_after_start_is_refused(settings: Settings, tenant: str) -> None:
+    _, handle = recorder(tenant)
+    bus = EventBus(settings, "test")
+    bus.subscribe(GraphChanged, group_name(), lambda e: asyncio.sleep(0))
+    async with bus:
+        with pytest.raises(RuntimeError):
+            bus.subscribe(ExecutionCompleted, group_name(), handle)
+    assert Streams.DEAD_LETTER.startswith("pml:")
