@@ -1,0 +1,129 @@
+"""Event handlers of the trainer: each applies one event to the graph, then says so.
+
+Every handler publishes `GraphChanged` after a change it made, and nothing when the event had
+already been applied (a redelivery): consumers refresh what the trainer actually changed.
+A handler that raises leaves the event to the bus, which retries and finally dead-letters it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+import structlog
+
+from pml_common.events import (
+    CapabilityLearned,
+    Event,
+    ExecutionCompleted,
+    GraphChanged,
+    TenantDeleted,
+    ToolsRegistered,
+)
+from pml_trainer.cold_start import (
+    CatalogTool,
+    ColdStartConfig,
+    PassageEmbedder,
+    Template,
+    plan_cold_start,
+)
+from pml_trainer.graph_store import GROUP, GraphStore
+from pml_trainer.statistics import execution_effect
+
+log = structlog.get_logger(__name__)
+
+
+class Publisher(Protocol):
+    async def publish(self, event: Event) -> str: ...
+
+
+class Subscriber(Protocol):
+    def subscribe(self, event_type: type, group: str, handler: object) -> None: ...
+
+
+class TrainerHandlers:
+    """The trainer's reactions to events, in consumer group `GROUP`."""
+
+    def __init__(
+        self,
+        store: GraphStore,
+        publisher: Publisher,
+        embedder: PassageEmbedder,
+        templates: Sequence[Template],
+        cold_start: ColdStartConfig | None = None,
+    ) -> None:
+        self._store = store
+        self._publisher = publisher
+        self._embedder = embedder
+        self._templates = list(templates)
+        self._cold_start = cold_start or ColdStartConfig()
+
+    def subscribe(self, bus: Subscriber) -> None:
+        bus.subscribe(ToolsRegistered, GROUP, self.on_tools_registered)
+        bus.subscribe(CapabilityLearned, GROUP, self.on_capability_learned)
+        bus.subscribe(ExecutionCompleted, GROUP, self.on_execution_completed)
+        bus.subscribe(TenantDeleted, GROUP, self.on_tenant_deleted)
+
+    async def on_tools_registered(self, event: ToolsRegistered) -> None:
+        tenant = event.tenant_id
+        # Skips the embedding work of a redelivery; the store checks again when claiming.
+        if await self._store.is_applied(tenant, event.event_id):
+            return self._duplicate(event)
+        new = [CatalogTool(t.id, t.server, t.name, t.description) for t in event.tools]
+        catalog = await self._store.catalog(tenant)
+        plan = await plan_cold_start(
+            new, catalog, self._embedder, self._templates, self._cold_start
+        )
+        if not await self._store.register_tools(tenant, event.event_id, event.tools, plan.edges):
+            return self._duplicate(event)
+        log.info(
+            "trainer.tools_registered",
+            tenant=tenant,
+            tools=len(new),
+            template_edges=plan.template_edges,
+            template_edges_skipped=plan.templates_skipped,
+            similarity_edges=plan.similarity_edges,
+            same_server_edges=plan.same_server_edges,
+        )
+        ends = (node for key, _ in plan.edges for node in (key.src, key.dst))
+        await self._changed(event, "tools_registered", [t.id for t in new], ends)
+
+    async def on_capability_learned(self, event: CapabilityLearned) -> None:
+        spec = event.capability
+        if not await self._store.learn_capability(event.tenant_id, event.event_id, spec):
+            return self._duplicate(event)
+        await self._changed(
+            event, "capability_learned", [spec.id], [*spec.tools, *spec.capabilities]
+        )
+
+    async def on_execution_completed(self, event: ExecutionCompleted) -> None:
+        effect = execution_effect(event)
+        applied = await self._store.apply_execution(
+            event.tenant_id, event.event_id, effect, event.occurred_at
+        )
+        if not applied:
+            return self._duplicate(event)
+        await self._changed(event, "execution_completed", effect.node_ids)
+
+    async def on_tenant_deleted(self, event: TenantDeleted) -> None:
+        deleted = await self._store.delete_tenant(event.tenant_id)
+        log.info("trainer.tenant_deleted", tenant=event.tenant_id, nodes=deleted)
+        # Deleting twice deletes nothing the second time: only a real deletion is announced.
+        if deleted:
+            await self._changed(event, "tenant_deleted", [])
+
+    async def _changed(
+        self, cause: Event, reason: str, node_ids: Iterable[str], more: Iterable[str] = ()
+    ) -> None:
+        ids = list(dict.fromkeys([*node_ids, *more]))
+        await self._publisher.publish(
+            GraphChanged.create(tenant_id=cause.tenant_id, reason=reason, node_ids=ids)
+        )
+
+    def _duplicate(self, event: Event) -> None:
+        log.info(
+            "trainer.event_already_applied",
+            tenant=event.tenant_id,
+            event_id=event.event_id,
+            type=event.type,
+        )
