@@ -1,0 +1,248 @@
+"""Indexing of tools and capabilities into the vector store, and the in-memory read cache.
+
+One collection per kind (`pml_tools`, `pml_capabilities`); every point's payload holds
+`tenant_id`, `id`, `kind`, `name`, `server`, `description` and `content_hash`. The point id is
+derived from (tenant, kind, id), so re-registering an entry replaces it.
+
+Text embedded (as a passage) for a tool or a capability: ``"<name>: <description>"``, or the
+name alone when there is no description. The name carries the verb/object words agents type
+("read_file"), the description the rest.
+
+Idempotence: `content_hash` is a hash of the embedder's name and the whole payload. `index()`
+embeds and writes only entries whose hash differs from the stored one, so the `ToolsRegistered`
+event that follows a `RegisterTools` RPC (which indexed synchronously) changes nothing, and a
+redelivered event neither re-embeds nor rewrites.
+
+Read cache: the vector store is the system of record; for ranking, each tenant's vectors are
+also kept as an (n, dim) float32 matrix per kind, loaded from the store on the tenant's first
+request and updated on every upsert/delete made through this class, so a query is a single
+brute-force dot product (see `docs/search.md` in this service for the measurements).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import structlog
+
+from pml_common.embedding import Embedder
+from pml_search.ranking import top_k_indices
+from pml_search.vector_store import VectorPoint, VectorStore
+
+log = structlog.get_logger(__name__)
+
+TOOL = "tool"
+CAPABILITY = "capability"
+KINDS = (TOOL, CAPABILITY)
+COLLECTIONS = {TOOL: "pml_tools", CAPABILITY: "pml_capabilities"}
+INDEXED_FIELDS = ("tenant_id", "id", "kind")
+_POINT_NAMESPACE = uuid.UUID("6f2c1a8e-4b0d-5e7f-9a3c-2d1e0f4b5a6c")
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One tool or capability as indexed (the vector store payload, minus the hash)."""
+
+    tenant_id: str
+    id: str
+    kind: str
+    name: str
+    server: str
+    description: str
+
+    def text(self) -> str:
+        return embed_text(self.name, self.description)
+
+
+def embed_text(name: str, description: str) -> str:
+    """The passage embedded for a catalog entry (see module docstring)."""
+    description = description.strip()
+    return f"{name}: {description}" if description else name
+
+
+def point_id(tenant: str, kind: str, node_id: str) -> str:
+    return str(uuid.uuid5(_POINT_NAMESPACE, f"{tenant}\x00{kind}\x00{node_id}"))
+
+
+def content_hash(embedder_name: str, entry: CatalogEntry) -> str:
+    blob = json.dumps([embedder_name, asdict(entry)], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def entry_of(payload: dict[str, object]) -> CatalogEntry:
+    return CatalogEntry(
+        tenant_id=str(payload["tenant_id"]),
+        id=str(payload["id"]),
+        kind=str(payload["kind"]),
+        name=str(payload.get("name", "")),
+        server=str(payload.get("server", "")),
+        description=str(payload.get("description", "")),
+    )
+
+
+@dataclass(frozen=True)
+class IndexResult:
+    indexed: int  # embedded and written
+    unchanged: int  # already stored with the same content hash
+
+
+class TenantMatrix:
+    """Read cache of one tenant's vectors of one kind."""
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self.entries: list[CatalogEntry] = []
+        self.hashes: list[str] = []
+        self.index: dict[str, int] = {}
+        self.vectors = np.zeros((0, dim), dtype=np.float32)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def hash_of(self, node_id: str) -> str | None:
+        i = self.index.get(node_id)
+        return None if i is None else self.hashes[i]
+
+    def upsert(
+        self, entries: Sequence[CatalogEntry], hashes: Sequence[str], vecs: np.ndarray
+    ) -> None:
+        new_rows: list[np.ndarray] = []
+        vectors = self.vectors.copy() if self.vectors.size else self.vectors
+        for entry, digest, vec in zip(entries, hashes, vecs, strict=True):
+            i = self.index.get(entry.id)
+            if i is None:
+                self.index[entry.id] = len(self.entries)
+                self.entries.append(entry)
+                self.hashes.append(digest)
+                new_rows.append(vec)
+            else:
+                self.entries[i], self.hashes[i] = entry, digest
+                vectors[i] = vec
+        if new_rows:
+            vectors = np.vstack([vectors, np.asarray(new_rows, dtype=np.float32)])
+        # Readers hold the old array until they are done: never mutate it in place.
+        self.vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+
+    def top(self, query: np.ndarray, k: int) -> list[tuple[CatalogEntry, float]]:
+        if not self.entries:
+            return []
+        vectors, entries = self.vectors, self.entries
+        scores = vectors @ query
+        return [(entries[i], float(scores[i])) for i in top_k_indices(scores, k)]
+
+
+class CatalogIndex:
+    """Writes the catalog into the vector store and answers nearest-neighbour queries."""
+
+    def __init__(self, store: VectorStore, embedder: Embedder) -> None:
+        self._store = store
+        self._embedder = embedder
+        self._cache: dict[tuple[str, str], TenantMatrix] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        # Bumped when a tenant is deleted, so a load that started before is not installed.
+        self._generation: dict[str, int] = {}
+
+    @property
+    def embedder(self) -> Embedder:
+        return self._embedder
+
+    async def start(self) -> None:
+        for collection in COLLECTIONS.values():
+            await self._store.ensure_collection(collection, self._embedder.dim, INDEXED_FIELDS)
+
+    # --- writes -------------------------------------------------------------------------------
+
+    async def index(self, tenant: str, kind: str, entries: Sequence[CatalogEntry]) -> IndexResult:
+        """Embed and store the entries whose content changed; all-or-nothing per call."""
+        entries = list({e.id: e for e in entries}.values())
+        async with self._lock(tenant):
+            matrix = await self._matrix(tenant, kind)
+            name = self._embedder.name
+            hashes = [content_hash(name, e) for e in entries]
+            todo = [
+                (e, h) for e, h in zip(entries, hashes, strict=True) if matrix.hash_of(e.id) != h
+            ]
+            if todo:
+                vecs = await self._embedder.embed_passages([e.text() for e, _ in todo])
+                points = [
+                    VectorPoint(
+                        id=point_id(tenant, kind, e.id),
+                        vector=vec,
+                        payload={**asdict(e), "content_hash": h},
+                    )
+                    for (e, h), vec in zip(todo, vecs, strict=True)
+                ]
+                await self._store.upsert(COLLECTIONS[kind], points)
+                matrix.upsert([e for e, _ in todo], [h for _, h in todo], vecs)
+            log.info(
+                "catalog indexed",
+                tenant=tenant,
+                kind=kind,
+                indexed=len(todo),
+                unchanged=len(entries) - len(todo),
+            )
+            return IndexResult(indexed=len(todo), unchanged=len(entries) - len(todo))
+
+    async def delete_tenant(self, tenant: str) -> int:
+        """Remove every point of the tenant from both collections; returns how many."""
+        async with self._lock(tenant):
+            deleted = 0
+            for kind, collection in COLLECTIONS.items():
+                deleted += await self._store.delete(collection, {"tenant_id": tenant})
+                self._cache.pop((tenant, kind), None)
+            self._generation[tenant] = self._generation.get(tenant, 0) + 1
+            return deleted
+
+    # --- reads --------------------------------------------------------------------------------
+
+    async def nearest(
+        self, tenant: str, kind: str, query: np.ndarray, limit: int
+    ) -> list[tuple[CatalogEntry, float]]:
+        """The `limit` entries of `kind` most similar to `query` (cosine), best first."""
+        matrix = await self._matrix(tenant, kind)
+        return matrix.top(query, limit)
+
+    async def get(self, tenant: str, kind: str, node_id: str) -> CatalogEntry | None:
+        matrix = await self._matrix(tenant, kind)
+        i = matrix.index.get(node_id)
+        return None if i is None else matrix.entries[i]
+
+    async def missing(self, tenant: str, kind: str, ids: Iterable[str]) -> list[str]:
+        """The ids (in order, once each) that are not in the tenant's catalog."""
+        matrix = await self._matrix(tenant, kind)
+        return [i for i in dict.fromkeys(ids) if i not in matrix.index]
+
+    async def size(self, tenant: str, kind: str) -> int:
+        return len(await self._matrix(tenant, kind))
+
+    # --- cache --------------------------------------------------------------------------------
+
+    def _lock(self, tenant: str) -> asyncio.Lock:
+        return self._locks.setdefault(tenant, asyncio.Lock())
+
+    async def _matrix(self, tenant: str, kind: str) -> TenantMatrix:
+        matrix = self._cache.get((tenant, kind))
+        if matrix is None:
+            generation = self._generation.get(tenant, 0)
+            matrix = await self._load(tenant, kind)
+            if generation != self._generation.get(tenant, 0):
+                return TenantMatrix(self._embedder.dim)  # deleted meanwhile: serve nothing
+            matrix = self._cache.setdefault((tenant, kind), matrix)
+        return matrix
+
+    async def _load(self, tenant: str, kind: str) -> TenantMatrix:
+        matrix = TenantMatrix(self._embedder.dim)
+        points = await self._store.scan(COLLECTIONS[kind], {"tenant_id": tenant})
+        if points:
+            entries = [entry_of(dict(p.payload)) for p in points]
+            hashes = [str(p.payload.get("content_hash", "")) for p in points]
+            vecs = np.asarray([p.vector for p in points], dtype=np.float32)
+            matrix.upsert(entries, hashes, vecs)
+        log.debug("catalog cache loaded", tenant=tenant, kind=kind, points=len(points))
+        return matrix

@@ -1,0 +1,87 @@
+"""CatalogIndex over the embedded Qdrant with the real embedder."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from pml_common.embedding import build_embedder
+from pml_common.settings import Settings
+from pml_common.stores import redis_client
+from pml_search.catalog_index import (
+    CAPABILITY,
+    COLLECTIONS,
+    TOOL,
+    CatalogEntry,
+    CatalogIndex,
+    embed_text,
+)
+from pml_search.vector_store import QdrantVectorStore
+
+
+def _tool(tenant: str, tid: str, description: str) -> CatalogEntry:
+    server, name = tid.split(":")
+    return CatalogEntry(tenant, tid, TOOL, name, server, description)
+
+
+@pytest.fixture
+async def parts(settings: Settings) -> AsyncIterator[tuple[QdrantVectorStore, CatalogIndex]]:
+    redis = redis_client(settings)
+    store = QdrantVectorStore.from_settings(settings)
+    catalog = CatalogIndex(store, build_embedder(settings, redis))
+    await catalog.start()
+    yield store, catalog
+    await store.close()
+    await redis.aclose()
+
+
+def test_embed_text() -> None:
+    assert embed_text("read_file", "  Read a file. ") == "read_file: Read a file."
+    assert embed_text("read_file", "") == "read_file"
+
+
+async def test_index_skip_reload_and_delete(
+    parts: tuple[QdrantVectorStore, CatalogIndex], tenant: str
+) -> None:
+    store, catalog = parts
+    entries = [
+        _tool(tenant, "fs:read_file", "Read the contents of a file"),
+        _tool(tenant, "web:fetch", "Fetch a web page by URL"),
+    ]
+    first = await catalog.index(tenant, TOOL, entries)
+    assert (first.indexed, first.unchanged) == (2, 0)
+    again = await catalog.index(tenant, TOOL, entries)
+    assert (again.indexed, again.unchanged) == (0, 2)
+    assert await store.count(COLLECTIONS[TOOL], {"tenant_id": tenant}) == 2
+
+    stored = await store.scan(COLLECTIONS[TOOL], {"tenant_id": tenant})
+    payload = next(p.payload for p in stored if p.payload["id"] == "fs:read_file")
+    assert {k: payload[k] for k in ("tenant_id", "id", "kind", "name", "server")} == {
+        "tenant_id": tenant,
+        "id": "fs:read_file",
+        "kind": "tool",
+        "name": "read_file",
+        "server": "fs",
+    }
+    assert payload["description"] == "Read the contents of a file"
+
+    query = (await catalog.embedder.embed_queries(["read a file"]))[0]
+    top = await catalog.nearest(tenant, TOOL, query, 2)
+    assert [e.id for e, _ in top] == ["fs:read_file", "web:fetch"]
+    assert top[0][1] > top[1][1]
+
+    # A fresh index over the same store (a restart) rebuilds the read cache from the store:
+    # same ranking, same scores, and the stored hashes still make re-indexing a no-op.
+    restarted = CatalogIndex(store, catalog.embedder)
+    again_top = await restarted.nearest(tenant, TOOL, query, 2)
+    assert [e.id for e, _ in again_top] == ["fs:read_file", "web:fetch"]
+    np.testing.assert_allclose([s for _, s in again_top], [s for _, s in top], rtol=1e-5)
+    assert (await restarted.index(tenant, TOOL, entries)).indexed == 0
+    assert await restarted.missing(tenant, TOOL, ["web:fetch", "x:y", "x:y"]) == ["x:y"]
+
+    await restarted.index(tenant, CAPABILITY, [CatalogEntry(tenant, "c1", CAPABILITY, "c", "", "")])
+    assert await restarted.delete_tenant(tenant) == 3
+    assert await restarted.nearest(tenant, TOOL, query, 5) == []
+    assert await store.count(COLLECTIONS[CAPABILITY], {"tenant_id": tenant}) == 0
