@@ -1,0 +1,230 @@
+"""The asyncio gRPC server every PML service runs, and how servicers report errors.
+
+`GrpcServer` adds what every service needs around its servicers: health checking (SERVING once
+started, NOT_SERVING while stopping), server reflection, OpenTelemetry server spans, message size
+limits, and error mapping. Servicers signal bad requests by raising `RequestError` (see
+`invalid_argument`, `not_found`, `failed_precondition`); a store that is down (Neo4j
+ServiceUnavailable/SessionExpired, Redis ConnectionError/TimeoutError) becomes UNAVAILABLE, so
+clients can retry instead of seeing UNKNOWN. Anything else is logged and becomes INTERNAL.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn
+
+import grpc  # type: ignore[import-untyped, unused-ignore]
+import neo4j.exceptions
+import redis.exceptions
+import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from opentelemetry.instrumentation.grpc import aio_server_interceptor
+
+from pml_common.settings import Settings
+
+log = structlog.get_logger("pml_common.grpc_server")
+
+#: Store failures a client may retry: the request was fine, a dependency was not.
+UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
+    neo4j.exceptions.ServiceUnavailable,
+    neo4j.exceptions.SessionExpired,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+)
+
+
+class RequestError(Exception):
+    """Raise from a servicer to answer with `code` and a message meant for the caller."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def invalid_argument(message: str) -> RequestError:
+    return RequestError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def not_found(message: str) -> RequestError:
+    return RequestError(grpc.StatusCode.NOT_FOUND, message)
+
+
+def failed_precondition(message: str) -> RequestError:
+    return RequestError(grpc.StatusCode.FAILED_PRECONDITION, message)
+
+
+def check_deadline(context: grpc.aio.ServicerContext) -> None:
+    """Raise DEADLINE_EXCEEDED when the caller's deadline has passed (call between steps of
+    long work, so it is not done for a caller that has already given up)."""
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+
+
+async def _abort_for(exc: Exception, context: grpc.aio.ServicerContext, method: str) -> NoReturn:
+    """Turn an exception escaping a servicer into the status the caller should see."""
+    if isinstance(exc, RequestError):
+        await context.abort(exc.code, exc.message)
+    if isinstance(exc, UNAVAILABLE_ERRORS):
+        log.warning("grpc.store_unavailable", method=method, error=f"{type(exc).__name__}: {exc}")
+        await context.abort(
+            grpc.StatusCode.UNAVAILABLE,
+            f"a backing store is unavailable ({type(exc).__name__}: {exc}); retry later",
+        )
+    if isinstance(exc, NotImplementedError):
+        # The generated base servicer raises it for RPCs a service does not implement.
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+    log.exception("grpc.handler_crashed", method=method)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})")
+    raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+
+def _guard_unary(behavior: Callable[..., Any], method: str) -> Callable[..., Awaitable[Any]]:
+    async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            result = behavior(request, context)
+            # Generated base servicers are synchronous; awaiting only what is awaitable lets
+            # both kinds run on the aio server.
+            return await result if inspect.isawaitable(result) else result
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort_for(exc, context, method)
+
+    return guarded
+
+
+def _guard_stream(behavior: Callable[..., Any], method: str) -> Callable[..., AsyncIterator[Any]]:
+    async def guarded(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            result = behavior(request, context)
+            if inspect.isawaitable(result):
+                result = await result
+            if hasattr(result, "__aiter__"):
+                async for item in result:
+                    yield item
+            else:
+                for item in result:
+                    yield item
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort_for(exc, context, method)
+
+    return guarded
+
+
+class _ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, unused-ignore]
+    """Wraps every handler so servicers raise exceptions instead of setting status codes."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[Any], Awaitable[Any]],
+        handler_call_details: Any,
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None:  # unknown method: gRPC answers UNIMPLEMENTED itself
+            return None
+        method = handler_call_details.method
+        kwargs = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                _guard_unary(handler.unary_unary, method), **kwargs
+            )
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                _guard_unary(handler.stream_unary, method), **kwargs
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                _guard_stream(handler.unary_stream, method), **kwargs
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            _guard_stream(handler.stream_stream, method), **kwargs
+        )
+
+
+def message_size_options(settings: Settings) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_send_message_length", settings.grpc_max_message_bytes),
+        ("grpc.max_receive_message_length", settings.grpc_max_message_bytes),
+    ]
+
+
+class GrpcServer:
+    """One aio gRPC server with health, reflection, tracing and error mapping."""
+
+    def __init__(self, settings: Settings, port: int, service_name: str) -> None:
+        self._settings = settings
+        self._port = port
+        self._service_name = service_name
+        self._services: list[str] = []
+        self.health = HealthServicer()
+        # Tracing outermost, so its span sees the status the error mapping produced.
+        self._server = grpc.aio.server(
+            interceptors=[aio_server_interceptor(), _ErrorMappingInterceptor()],  # type: ignore[no-untyped-call]
+            options=message_size_options(settings),
+            maximum_concurrent_rpcs=settings.grpc_workers,
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self._started = False
+        self.bound_port: int | None = None
+
+    @property
+    def server(self) -> grpc.aio.Server:
+        return self._server
+
+    def add(self, register: Callable[[grpc.aio.Server], None], full_service_name: str) -> None:
+        """Register a servicer, e.g. `(lambda s: add_XServicer_to_server(impl, s), "pml.v1.X")`."""
+        if self._started:
+            raise RuntimeError("add() must be called before start()")
+        register(self._server)
+        self._services.append(full_service_name)
+
+    async def start(self) -> int:
+        """Bind and serve; returns the bound port (ask for port 0 to get a free one)."""
+        reflection.enable_server_reflection(
+            [
+                *self._services,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ],
+            self._server,
+        )
+        address = f"{self._settings.grpc_host}:{self._port}"
+        port = self._server.add_insecure_port(address)
+        if not port:
+            raise RuntimeError(f"{self._service_name}: cannot bind gRPC server to {address}")
+        await self._server.start()
+        self._started = True
+        self.bound_port = int(port)
+        for name in self._services:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        log.info(
+            "grpc.started",
+            service=self._service_name,
+            address=address,
+            port=port,
+            services=self._services,
+        )
+        return int(port)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Report NOT_SERVING (load balancers drain), then stop after `grace` seconds at most."""
+        if not self._started:
+            return
+        await self.health.enter_graceful_shutdown()
+        await self._server.stop(grace)
+        self._started = False
+        log.info("grpc.stopped", service=self._service_name)
+
+    async def wait(self) -> None:
+        await self._server.wait_for_termination()
