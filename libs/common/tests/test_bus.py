@@ -334,3 +334,33 @@ async def test_subscribe_after_start_is_refused(settings: Settings, tenant: str)
         with pytest.raises(RuntimeError):
             bus.subscribe(ExecutionCompleted, group_name(), handle)
     assert Streams.DEAD_LETTER.startswith("pml:")
+
+
+async def test_entry_that_keeps_killing_consumers_is_dead_lettered(
+    settings: Settings, tenant: str, redis_client: aioredis.Redis
+) -> None:
+    """An entry delivered more than max_deliveries times with no verdict (every consumer that
+    took it died) is dead-lettered when reclaimed instead of being handed to the handler."""
+    settings = settings.model_copy(update={"max_deliveries": 2, "reclaim_idle_ms": 200})
+    group = group_name()
+    await redis_client.xgroup_create(STREAM, group, id="$", mkstream=True)
+    async with EventBus(settings, "publisher") as publisher:
+        poison = execution(tenant, intent="kills consumers")
+        entry_id = await publisher.publish(poison)
+    await redis_client.xreadgroup(group, "dead-1", {STREAM: ">"}, count=100)
+    await redis_client.xclaim(STREAM, group, "dead-2", 0, [entry_id])  # second delivery
+    handled: list[str] = []
+
+    async def handle(event: ExecutionCompleted) -> None:
+        if event.tenant_id == tenant:
+            handled.append(event.event_id)
+
+    bus = EventBus(settings, "live")
+    bus.subscribe(ExecutionCompleted, group, handle)
+    async with bus:
+        letters = await dead_letters_of(bus, group, {entry_id})
+        pending = await redis_client.xpending(STREAM, group)
+    assert handled == []
+    assert letters[0].event_id == poison.event_id
+    assert "delivered 3 times without being handled" in letters[0].reason
+    assert pending["pending"] == 0
