@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-import grpc
+import grpc  # type: ignore[import-untyped, unused-ignore]
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
