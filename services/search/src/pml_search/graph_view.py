@@ -130,15 +130,25 @@ class GraphView:
         return self._locks.setdefault(tenant, asyncio.Lock())
 
     async def _query(self, cypher: str, **params: Any) -> list[neo4j.Record]:
-        records, _, _ = await self._driver.execute_query(
-            cypher, params, database_=self._database, routing_=neo4j.RoutingControl.READ
-        )
-        return list(records)
+        async def work(tx: neo4j.AsyncManagedTransaction) -> list[neo4j.Record]:
+            result = await tx.run(cypher, params)
+            return [record async for record in result]
+
+        # Notifications off: on a graph the trainer has not written yet, Neo4j warns about
+        # every label and property these queries name.
+        async with self._driver.session(
+            database=self._database,
+            default_access_mode=neo4j.READ_ACCESS,
+            notifications_min_severity="OFF",
+        ) as session:
+            return await session.execute_read(work)
 
     async def _load(self, tenant: str) -> TenantGraph:
-        tools = await self._query(_TOOL_STATS, tenant=tenant, ids=None)
-        caps = await self._query(_CAPABILITY_STATS, tenant=tenant, ids=None)
-        links = await self._query(_ALL_LINKS, tenant=tenant)
+        tools, caps, links = await asyncio.gather(
+            self._query(_TOOL_STATS, tenant=tenant, ids=None),
+            self._query(_CAPABILITY_STATS, tenant=tenant, ids=None),
+            self._query(_ALL_LINKS, tenant=tenant),
+        )
         view = TenantGraph(
             tools={r["id"]: _stats_of(r) for r in tools},
             capabilities={r["id"]: _stats_of(r) for r in caps},
@@ -148,9 +158,11 @@ class GraphView:
         return view
 
     async def _refresh_nodes(self, tenant: str, view: TenantGraph, ids: list[str]) -> None:
-        tools = await self._query(_TOOL_STATS, tenant=tenant, ids=ids)
-        caps = await self._query(_CAPABILITY_STATS, tenant=tenant, ids=ids)
-        links = await self._query(_LINKS_TOUCHING, tenant=tenant, ids=ids)
+        tools, caps, links = await asyncio.gather(
+            self._query(_TOOL_STATS, tenant=tenant, ids=ids),
+            self._query(_CAPABILITY_STATS, tenant=tenant, ids=ids),
+            self._query(_LINKS_TOUCHING, tenant=tenant, ids=ids),
+        )
         for table, records in ((view.tools, tools), (view.capabilities, caps)):
             for node_id in ids:
                 table.pop(node_id, None)

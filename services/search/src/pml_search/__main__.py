@@ -1,0 +1,3 @@
+from pml_search.main import main
+
+main()

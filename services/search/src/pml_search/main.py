@@ -1,0 +1,91 @@
+"""Composition root of the search service: `python -m pml_search`.
+
+Builds, from one `Settings`: logging and telemetry, the Redis client (embedding cache), the
+embedder, the vector store (sole owner of the embedded Qdrant folder), the Neo4j driver (read
+only), the event subscriptions (consumer group `search`) and the gRPC server on
+`settings.search_port` with `SearchService` and `KnowledgeService` (whose `Ask` answers
+UNIMPLEMENTED until the knowledge side is built). SIGTERM/SIGINT stop it gracefully: the server
+stops accepting RPCs and finishes those in flight, then the consumers stop, then the clients close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from pml.v1 import knowledge_pb2_grpc, search_pb2_grpc
+from pml_common.bus import EventBus
+from pml_common.embedding import build_embedder
+from pml_common.grpc_server import GrpcServer
+from pml_common.lifecycle import wait_for_shutdown_signal
+from pml_common.settings import Settings
+from pml_common.stores import neo4j_driver, redis_client
+from pml_common.telemetry import configure_logging, setup_telemetry
+from pml_search.catalog_index import CatalogIndex
+from pml_search.consumers import SearchConsumers
+from pml_search.graph_view import GraphView
+from pml_search.service import SearchServicer
+from pml_search.vector_store import QdrantVectorStore
+
+SERVICE = "search"
+log = structlog.get_logger(__name__)
+
+
+class SearchApp:
+    """Every part of the running service, started and stopped in order."""
+
+    def __init__(self, settings: Settings, port: int | None = None) -> None:
+        self.settings = settings
+        self.port = settings.search_port if port is None else port
+        self._redis = redis_client(settings)
+        self._store = QdrantVectorStore.from_settings(settings)
+        self._driver = neo4j_driver(settings)
+        self.catalog = CatalogIndex(self._store, build_embedder(settings, self._redis))
+        self.graph = GraphView(self._driver, settings.neo4j_database)
+        self.bus = EventBus(settings, SERVICE)
+        SearchConsumers(self.catalog, self.graph).subscribe(self.bus)
+        self.servicer = SearchServicer(settings, self.catalog, self.graph, self.bus)
+        self._server = GrpcServer(settings, self.port, SERVICE)
+        self._server.add(
+            lambda s: search_pb2_grpc.add_SearchServiceServicer_to_server(self.servicer, s),
+            "pml.v1.SearchService",
+        )
+        knowledge = knowledge_pb2_grpc.KnowledgeServiceServicer()
+        self._server.add(
+            lambda s: knowledge_pb2_grpc.add_KnowledgeServiceServicer_to_server(knowledge, s),
+            "pml.v1.KnowledgeService",
+        )
+
+    async def start(self) -> int:
+        """Start consuming and serving; returns the bound port."""
+        await self.catalog.start()
+        # Load the model (and fill the cache) now rather than on the first request.
+        await self.catalog.embedder.embed_queries(["warm up"])
+        await self.bus.start()
+        self.port = await self._server.start()
+        log.info("search started", port=self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        await self._server.stop()
+        await self.bus.stop()
+        await self._driver.close()
+        await self._store.close()
+        await self._redis.aclose()
+        log.info("search stopped")
+
+
+async def serve(settings: Settings) -> None:
+    configure_logging(SERVICE, settings)
+    setup_telemetry(SERVICE, settings)
+    app = SearchApp(settings)
+    await app.start()
+    try:
+        await wait_for_shutdown_signal()
+    finally:
+        await app.stop()
+
+
+def main() -> None:
+    asyncio.run(serve(Settings()))

@@ -1,0 +1,291 @@
+"""The `SearchService` servicer (proto/pml/v1/search.proto).
+
+- `Search`: unified search over tools and capabilities (ADR-051):
+  ``final = min(semantic × reliability, 0.95)``. Candidates are the `max(2·limit,
+  candidate_pool)` nearest entries of each requested kind (reliability can lift a candidate by
+  ×1.2 only, so deeper candidates cannot overtake the pool), ranked by final score.
+- `SearchTools`: hybrid tool search (seeds 003/004): candidate generation (the
+  `candidate_pool` semantically nearest tools) → re-rank by ``α·semantic + (1−α)·graph`` then
+  reliability (``min(hybrid × reliability, 0.95)``) → top-k. α = 1 without context tools, else
+  adaptive from the tenant's LINK graph (see `ranking.adaptive_alpha`).
+- `GetNode`, `RegisterTools`, `RegisterCapabilities`, `DeleteTenant`: see the proto.
+
+Every response of the searches carries per-stage wall times (`timings`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import grpc
+import numpy as np
+
+from pml.v1 import common_pb2, search_pb2, search_pb2_grpc
+from pml_common.bus import EventBus
+from pml_common.events import CapabilityLearned, TenantDeleted, ToolsRegistered
+from pml_common.grpc_server import check_deadline, invalid_argument, not_found
+from pml_common.settings import Settings
+from pml_search import ranking
+from pml_search.catalog_index import CAPABILITY, TOOL, CatalogEntry, CatalogIndex
+from pml_search.graph_view import GraphView, NodeStats, TenantGraph
+from pml_search.validation import (
+    ENUM_OF_KIND,
+    capability_entry,
+    capability_specs_of,
+    context_tools_of,
+    kinds_of,
+    limit_of,
+    min_score_of,
+    node_id_of,
+    query_of,
+    tenant_of,
+    tool_entry,
+    tool_specs_of,
+)
+
+RELATED_PER_RELATION = 5
+
+
+class Timings:
+    """Wall time of each stage of one request, in milliseconds."""
+
+    def __init__(self) -> None:
+        self.stages: list[tuple[str, float]] = []
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages.append((name, (time.perf_counter() - start) * 1000.0))
+
+    def proto(self) -> list[common_pb2.StageTiming]:
+        return [common_pb2.StageTiming(stage=s, ms=ms) for s, ms in self.stages]
+
+
+class SearchServicer(search_pb2_grpc.SearchServiceServicer):
+    def __init__(
+        self, settings: Settings, catalog: CatalogIndex, graph: GraphView, bus: EventBus
+    ) -> None:
+        self._settings = settings
+        self._catalog = catalog
+        self._graph = graph
+        self._bus = bus
+
+    # --- searches -----------------------------------------------------------------------------
+
+    async def Search(
+        self, request: search_pb2.SearchRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> search_pb2.SearchResponse:
+        timings = Timings()
+        with timings.stage("validate"):
+            tenant = tenant_of(request.tenant_id, self._settings)
+            query = query_of(request.query, self._settings)
+            limit = limit_of(request.limit, self._settings)
+            kinds = kinds_of(request.kinds)
+            min_semantic = min_score_of(request.min_semantic_score)
+        vector = await self._embed(query, timings, context)
+        pool = max(2 * limit, self._settings.candidate_pool)
+        with timings.stage("retrieve"):
+            candidates = [
+                (entry, score)
+                for kind in kinds
+                for entry, score in await self._catalog.nearest(tenant, kind, vector, pool)
+                if score >= min_semantic
+            ]
+        with timings.stage("graph"):
+            view = await self._graph.get(tenant)
+        check_deadline(context)
+        with timings.stage("rank"):
+            results = rank_unified(candidates, view, limit)
+        return search_pb2.SearchResponse(results=results, timings=timings.proto())
+
+    async def SearchTools(
+        self, request: search_pb2.SearchToolsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> search_pb2.SearchToolsResponse:
+        timings = Timings()
+        with timings.stage("validate"):
+            tenant = tenant_of(request.tenant_id, self._settings)
+            query = query_of(request.query, self._settings)
+            limit = limit_of(request.limit, self._settings)
+            context_tools = context_tools_of(request.context_tools, self._settings)
+            unknown = await self._catalog.missing(tenant, TOOL, context_tools)
+            if unknown:
+                raise not_found(
+                    f"context_tools not in tenant {tenant!r}'s catalog: "
+                    + ", ".join(repr(u) for u in unknown)
+                )
+        vector = await self._embed(query, timings, context)
+        with timings.stage("retrieve"):
+            pool = max(limit, self._settings.candidate_pool)
+            candidates = await self._catalog.nearest(tenant, TOOL, vector, pool)
+        with timings.stage("graph"):
+            view = await self._graph.get(tenant)
+            tool_count = await self._catalog.size(tenant, TOOL)
+        check_deadline(context)
+        with timings.stage("rerank"):
+            links = view.links
+            alpha = ranking.adaptive_alpha(
+                bool(context_tools), links.edge_count(), max(tool_count, links.node_count())
+            )
+            tools = rank_hybrid(candidates, view, context_tools, alpha, limit)
+        if request.include_related:
+            with timings.stage("related"):
+                for tool in tools:
+                    tool.related_tools.extend(_related(links, tool.tool_id))
+        return search_pb2.SearchToolsResponse(tools=tools, alpha=alpha, timings=timings.proto())
+
+    async def GetNode(
+        self, request: search_pb2.GetNodeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> search_pb2.SearchResult:
+        tenant = tenant_of(request.tenant_id, self._settings)
+        node_id = node_id_of(request.id)
+        for kind in (TOOL, CAPABILITY):
+            entry = await self._catalog.get(tenant, kind, node_id)
+            if entry is not None:
+                view = await self._graph.get(tenant)
+                return _node_result(entry, view.stats(kind, node_id))
+        raise not_found(f"no tool or capability {node_id!r} in tenant {tenant!r}")
+
+    # --- writes -------------------------------------------------------------------------------
+
+    async def RegisterTools(
+        self, request: search_pb2.RegisterToolsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> search_pb2.RegisterResponse:
+        tenant = tenant_of(request.tenant_id, self._settings)
+        specs = tool_specs_of(request.tools)
+        await self._catalog.index(tenant, TOOL, [tool_entry(tenant, s) for s in specs])
+        event_id = await self._bus.publish(ToolsRegistered.create(tenant_id=tenant, tools=specs))
+        return search_pb2.RegisterResponse(registered=len(specs), event_ids=[event_id])
+
+    async def RegisterCapabilities(
+        self,
+        request: search_pb2.RegisterCapabilitiesRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> search_pb2.RegisterResponse:
+        tenant = tenant_of(request.tenant_id, self._settings)
+        specs = capability_specs_of(request.capabilities)
+        await self._catalog.index(tenant, CAPABILITY, [capability_entry(tenant, s) for s in specs])
+        event_ids = [
+            await self._bus.publish(CapabilityLearned.create(tenant_id=tenant, capability=spec))
+            for spec in specs
+        ]
+        return search_pb2.RegisterResponse(registered=len(specs), event_ids=event_ids)
+
+    async def DeleteTenant(
+        self, request: search_pb2.DeleteTenantRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> search_pb2.DeleteTenantResponse:
+        # Destructive: the tenant must be named, never defaulted.
+        if not request.tenant_id.strip():
+            raise invalid_argument("tenant_id must be given to delete a tenant")
+        tenant = tenant_of(request.tenant_id, self._settings)
+        deleted = await self._catalog.delete_tenant(tenant)
+        self._graph.forget(tenant)
+        event_id = await self._bus.publish(TenantDeleted.create(tenant_id=tenant))
+        return search_pb2.DeleteTenantResponse(deleted=deleted, event_id=event_id)
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    async def _embed(
+        self, query: str, timings: Timings, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> np.ndarray:
+        check_deadline(context)
+        with timings.stage("embed"):
+            vectors = await self._catalog.embedder.embed_queries([query])
+        check_deadline(context)
+        return np.asarray(vectors[0], dtype=np.float32)
+
+
+def rank_unified(
+    candidates: Sequence[tuple[CatalogEntry, float]], view: TenantGraph, limit: int
+) -> list[search_pb2.SearchResult]:
+    """ADR-051 final scores of the candidates, best first (ties by id), `limit` kept."""
+    results = [_unified_result(entry, score, view) for entry, score in candidates]
+    results.sort(key=lambda r: (-r.final_score, r.id))
+    return results[:limit]
+
+
+def rank_hybrid(
+    candidates: Sequence[tuple[CatalogEntry, float]],
+    view: TenantGraph,
+    context_tools: Sequence[str],
+    alpha: float,
+    limit: int,
+) -> list[search_pb2.ToolResult]:
+    """Re-rank semantic candidates with the graph and reliability, best first, `limit` kept."""
+    tools = [_hybrid_result(e, score, view, context_tools, alpha) for e, score in candidates]
+    tools.sort(key=lambda t: (-t.final_score, t.tool_id))
+    return tools[:limit]
+
+
+def _stats_fields(stats: NodeStats | None) -> tuple[float | None, int]:
+    if stats is None:
+        return None, 0
+    return stats.success_rate, stats.executions
+
+
+def _unified_result(
+    entry: CatalogEntry, semantic: float, view: TenantGraph
+) -> search_pb2.SearchResult:
+    rate, executions = _stats_fields(view.stats(entry.kind, entry.id))
+    factor = ranking.reliability_factor(rate)
+    return search_pb2.SearchResult(
+        id=entry.id,
+        kind=ENUM_OF_KIND[entry.kind],
+        name=entry.name,
+        description=entry.description,
+        server=entry.server,
+        semantic_score=semantic,
+        reliability_factor=factor,
+        final_score=ranking.unified_score(semantic, factor),
+        success_rate=rate,
+        executions=executions,
+    )
+
+
+def _node_result(entry: CatalogEntry, stats: NodeStats | None) -> search_pb2.SearchResult:
+    rate, executions = _stats_fields(stats)
+    return search_pb2.SearchResult(
+        id=entry.id,
+        kind=ENUM_OF_KIND[entry.kind],
+        name=entry.name,
+        description=entry.description,
+        server=entry.server,
+        reliability_factor=ranking.reliability_factor(rate),
+        success_rate=rate,
+        executions=executions,
+    )
+
+
+def _hybrid_result(
+    entry: CatalogEntry,
+    semantic: float,
+    view: TenantGraph,
+    context_tools: Sequence[str],
+    alpha: float,
+) -> search_pb2.ToolResult:
+    graph = ranking.graph_relatedness(view.links, entry.id, context_tools)
+    rate, _ = _stats_fields(view.stats(TOOL, entry.id))
+    factor = ranking.reliability_factor(rate)
+    hybrid = ranking.hybrid_score(semantic, graph, alpha)
+    return search_pb2.ToolResult(
+        tool_id=entry.id,
+        server_id=entry.server,
+        name=entry.name,
+        description=entry.description,
+        semantic_score=semantic,
+        graph_score=graph,
+        reliability_factor=factor,
+        final_score=ranking.unified_score(hybrid, factor),
+    )
+
+
+def _related(links: ranking.LinkGraph, tool_id: str) -> list[search_pb2.RelatedTool]:
+    return [
+        search_pb2.RelatedTool(tool_id=r.tool_id, relation=r.relation, score=r.score)
+        for r in ranking.related_tools(links, tool_id, RELATED_PER_RELATION)
+    ]

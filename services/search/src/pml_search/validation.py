@@ -1,0 +1,242 @@
+"""Validation of SearchService requests: every rule that turns bad input into INVALID_ARGUMENT.
+
+Each function returns the clean value or raises `RequestError` (via `invalid_argument`) with a
+message naming the field and what is wrong, so a caller can fix the request from the message.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pml.v1 import common_pb2, search_pb2
+from pml_common.events import TOOL_ID_PATTERN, CapabilitySpec, ToolSpec
+from pml_common.grpc_server import invalid_argument
+from pml_common.settings import Settings
+from pml_search.catalog_index import CAPABILITY, TOOL, CatalogEntry
+
+DEFAULT_LIMIT = 10
+MAX_TEXT = 512
+MAX_DESCRIPTION = 20_000
+MAX_BATCH = 50_000
+_TOOL_ID = re.compile(TOOL_ID_PATTERN)
+
+KIND_OF_ENUM = {search_pb2.NODE_KIND_TOOL: TOOL, search_pb2.NODE_KIND_CAPABILITY: CAPABILITY}
+ENUM_OF_KIND = {v: k for k, v in KIND_OF_ENUM.items()}
+
+
+def tenant_of(tenant_id: str, settings: Settings) -> str:
+    tenant = tenant_id.strip()
+    if len(tenant) > MAX_TEXT:
+        raise invalid_argument(f"tenant_id is longer than {MAX_TEXT} characters")
+    return tenant or settings.default_tenant
+
+
+def query_of(query: str, settings: Settings) -> str:
+    text = query.strip()
+    if not text:
+        raise invalid_argument("query must not be empty")
+    if len(query) > settings.max_query_chars:
+        raise invalid_argument(
+            f"query is {len(query)} characters long; the maximum is {settings.max_query_chars}"
+        )
+    return text
+
+
+def limit_of(limit: int, settings: Settings) -> int:
+    if limit == 0:
+        return min(DEFAULT_LIMIT, settings.max_limit)
+    if not 1 <= limit <= settings.max_limit:
+        raise invalid_argument(
+            f"limit must be between 1 and {settings.max_limit} (0 means {DEFAULT_LIMIT}); "
+            f"got {limit}"
+        )
+    return limit
+
+
+def kinds_of(kinds: Iterable[int]) -> list[str]:
+    values = list(kinds)
+    if not values:
+        return [TOOL, CAPABILITY]
+    unknown = [k for k in values if k not in KIND_OF_ENUM]
+    if unknown:
+        raise invalid_argument(f"kinds holds unsupported values {unknown}; use TOOL or CAPABILITY")
+    return list(dict.fromkeys(KIND_OF_ENUM[k] for k in values))
+
+
+def min_score_of(value: float) -> float:
+    if not 0.0 <= value <= 1.0:
+        raise invalid_argument(f"min_semantic_score must be between 0 and 1; got {value}")
+    return value
+
+
+def node_id_of(node_id: str) -> str:
+    value = node_id.strip()
+    if not value:
+        raise invalid_argument("id must not be empty")
+    return value
+
+
+def context_tools_of(ids: Sequence[str], settings: Settings) -> list[str]:
+    if len(ids) > settings.max_limit:
+        raise invalid_argument(
+            f"context_tools holds {len(ids)} ids; the maximum is {settings.max_limit}"
+        )
+    bad = [i for i in ids if not _TOOL_ID.match(i)]
+    if bad:
+        raise invalid_argument(
+            f"context_tools must be tool ids '<server>:<tool>'; invalid: {_names(bad)}"
+        )
+    return list(dict.fromkeys(ids))
+
+
+def tool_specs_of(tools: Sequence[common_pb2.Tool]) -> list[ToolSpec]:
+    """Validated specs of a RegisterTools batch; any bad tool rejects the whole batch."""
+    _check_batch("tools", len(tools))
+    problems: list[str] = []
+    specs: list[ToolSpec] = []
+    seen: set[str] = set()
+    for n, tool in enumerate(tools):
+        where = f"tools[{n}]"
+        problem = _tool_problem(tool, seen)
+        if problem:
+            problems.append(f"{where} ({tool.id or '<no id>'}): {problem}")
+            continue
+        seen.add(tool.id)
+        specs.append(
+            ToolSpec(
+                id=tool.id,
+                server=tool.server or tool.id.split(":", 1)[0],
+                name=tool.name.strip(),
+                description=tool.description,
+                input_schema=_schema_of(tool.input_schema_json),
+            )
+        )
+    _raise_problems(problems)
+    return specs
+
+
+def capability_specs_of(capabilities: Sequence[common_pb2.Capability]) -> list[CapabilitySpec]:
+    """Validated specs of a RegisterCapabilities batch; any bad entry rejects the batch.
+
+    Capabilities registered through the API are predefined, not learned from executions, so
+    their `source` is `template`.
+    """
+    _check_batch("capabilities", len(capabilities))
+    problems: list[str] = []
+    specs: list[CapabilitySpec] = []
+    seen: set[str] = set()
+    for n, cap in enumerate(capabilities):
+        problem = _capability_problem(cap, seen)
+        if problem:
+            problems.append(f"capabilities[{n}] ({cap.id or '<no id>'}): {problem}")
+            continue
+        seen.add(cap.id)
+        specs.append(
+            CapabilitySpec(
+                id=cap.id,
+                name=cap.name.strip(),
+                description=cap.description,
+                tools=list(cap.tools),
+                capabilities=list(cap.capabilities),
+                source="template",
+            )
+        )
+    _raise_problems(problems)
+    return specs
+
+
+def tool_entry(tenant: str, spec: ToolSpec) -> CatalogEntry:
+    return CatalogEntry(
+        tenant_id=tenant,
+        id=spec.id,
+        kind=TOOL,
+        name=spec.name,
+        server=spec.server,
+        description=spec.description,
+    )
+
+
+def capability_entry(tenant: str, spec: CapabilitySpec) -> CatalogEntry:
+    return CatalogEntry(
+        tenant_id=tenant,
+        id=spec.id,
+        kind=CAPABILITY,
+        name=spec.name,
+        server="",
+        description=spec.description,
+    )
+
+
+def _tool_problem(tool: common_pb2.Tool, seen: set[str]) -> str | None:
+    if not _TOOL_ID.match(tool.id) or len(tool.id) > MAX_TEXT:
+        return "id must be '<server>:<tool>' without spaces (at most 512 characters)"
+    if tool.id in seen:
+        return "id appears more than once in the batch"
+    server = tool.id.split(":", 1)[0]
+    if tool.server and tool.server != server:
+        return f"server {tool.server!r} does not match the id's server {server!r}"
+    if not tool.name.strip():
+        return "name must not be empty"
+    if len(tool.name) > MAX_TEXT:
+        return f"name is longer than {MAX_TEXT} characters"
+    if len(tool.description) > MAX_DESCRIPTION:
+        return f"description is longer than {MAX_DESCRIPTION} characters"
+    if tool.input_schema_json:
+        try:
+            _schema_of(tool.input_schema_json)
+        except ValueError as exc:
+            return f"input_schema_json is not a JSON object: {exc}"
+    return None
+
+
+def _capability_problem(cap: common_pb2.Capability, seen: set[str]) -> str | None:
+    if not cap.id.strip() or len(cap.id) > MAX_TEXT:
+        return "id must not be empty (at most 512 characters)"
+    if cap.id in seen:
+        return "id appears more than once in the batch"
+    if not cap.name.strip():
+        return "name must not be empty"
+    if len(cap.name) > MAX_TEXT:
+        return f"name is longer than {MAX_TEXT} characters"
+    if len(cap.description) > MAX_DESCRIPTION:
+        return f"description is longer than {MAX_DESCRIPTION} characters"
+    bad_tools = [t for t in cap.tools if not _TOOL_ID.match(t)]
+    if bad_tools:
+        return f"tools must be tool ids '<server>:<tool>'; invalid: {_names(bad_tools)}"
+    if any(not c.strip() for c in cap.capabilities):
+        return "capabilities must not hold empty ids"
+    if cap.id in cap.capabilities:
+        return "a capability cannot contain itself"
+    return None
+
+
+def _schema_of(text: str) -> dict[str, Any] | None:
+    if not text:
+        return None
+    value = json.loads(text)  # JSONDecodeError is a ValueError
+    if not isinstance(value, dict):
+        raise ValueError("expected an object")
+    return value
+
+
+def _check_batch(field: str, size: int) -> None:
+    if size == 0:
+        raise invalid_argument(f"{field} must not be empty")
+    if size > MAX_BATCH:
+        raise invalid_argument(f"{field} holds {size} entries; the maximum is {MAX_BATCH}")
+
+
+def _raise_problems(problems: list[str]) -> None:
+    if not problems:
+        return
+    shown = "; ".join(problems[:10])
+    more = len(problems) - 10
+    suffix = f" (+{more} more)" if more > 0 else ""
+    raise invalid_argument(f"nothing was registered: {shown}{suffix}")
+
+
+def _names(values: Sequence[str]) -> str:
+    return ", ".join(repr(v) for v in values[:10]) + (" ..." if len(values) > 10 else "")
