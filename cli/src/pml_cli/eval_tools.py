@@ -8,11 +8,9 @@ search service answers, a private stack is started on free ports and stopped aft
 from __future__ import annotations
 
 import json
-import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +22,8 @@ from rich.progress import Progress
 from pml.v1 import search_pb2
 from pml_cli import client
 from pml_cli.catalog_files import CatalogFileError, load_catalog
-from pml_cli.local_stack import LocalStack, wait_healthy
+from pml_cli.local_stack import running_system
 from pml_cli.metrics import ToolMetrics
-from pml_common.local_runtime import LocalRuntimeError
 from pml_common.settings import Settings
 
 METHODS = ("cosine", "unified", "hybrid")
@@ -62,26 +59,6 @@ def load_queries(path: Path, limit: int | None = None) -> list[ToolQuery]:
         if limit is not None and len(queries) >= limit:
             break
     return queries
-
-
-@contextmanager
-def running_system(settings: Settings, console: Console) -> Iterator[Settings]:
-    """The settings of a reachable system: the running one, or a private one started here."""
-    try:
-        wait_healthy(settings.search_addr, timeout=2)
-        yield settings
-        return
-    except LocalRuntimeError:
-        pass
-    with tempfile.TemporaryDirectory(prefix="pml-eval-") as tmp:
-        stack = LocalStack.on_free_ports(Path(tmp))
-        try:
-            with console.status("no PML running: starting a private one…"):
-                stack.start_stores()
-                stack.start_services(["search", "trainer"])
-            yield stack.settings
-        finally:
-            stack.stop()
 
 
 def evaluate_tools(

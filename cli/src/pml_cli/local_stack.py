@@ -10,13 +10,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rich.console import Console
 
 from pml_common.local_runtime import (
     LocalRuntimeError,
@@ -151,3 +154,28 @@ class LocalStack:
 
 def _port_of(url: str) -> int:
     return int(url.rsplit(":", 1)[1].split("/")[0])
+
+
+@contextmanager
+def running_system(settings: Settings, console: Console) -> Iterator[Settings]:
+    """The settings of a reachable system: the running one, or a private one started here."""
+    if _reachable(settings.search_addr):
+        yield settings
+        return
+    with tempfile.TemporaryDirectory(prefix="pml-eval-") as tmp:
+        stack = LocalStack.on_free_ports(Path(tmp))
+        try:
+            with console.status("no PML running: starting a private one (about a minute)…"):
+                stack.start_stores()
+                stack.start_services(["search", "trainer"])
+            yield stack.settings
+        finally:
+            stack.stop()
+
+
+def _reachable(address: str) -> bool:
+    try:
+        wait_healthy(address, timeout=2)
+    except LocalRuntimeError:
+        return False
+    return True
