@@ -497,10 +497,14 @@ class GraphStore:
             return await session.execute_write(work, *args)
 
     async def _read(self, query: str, **params: Any) -> list[neo4j.Record]:
-        records, _, _ = await self._driver.execute_query(
-            query, params, database_=self._database, routing_=neo4j.RoutingControl.READ
-        )
-        return list(records)
+        # Notifications off: on a graph without LINKs yet, every read would log a warning
+        # that the property keys it returns do not exist.
+        async with self._driver.session(
+            database=self._database,
+            default_access_mode=neo4j.READ_ACCESS,
+            notifications_min_severity="OFF",
+        ) as session:
+            return await session.execute_read(_fetch, query, params)
 
 
 def _state(record: neo4j.Record) -> EdgeState | None:
@@ -545,6 +549,13 @@ _TOOL_ID_RE = re.compile(TOOL_ID_PATTERN)
 
 def _is_tool_id(node_id: str) -> bool:
     return _TOOL_ID_RE.match(node_id) is not None
+
+
+async def _fetch(
+    tx: neo4j.AsyncManagedTransaction, query: str, params: dict[str, Any]
+) -> list[neo4j.Record]:
+    result = await tx.run(query, params)
+    return [record async for record in result]
 
 
 async def _run(tx: neo4j.AsyncManagedTransaction, query: str, **params: Any) -> None:

@@ -1,0 +1,3 @@
+from pml_trainer.main import main
+
+main()

@@ -1,0 +1,63 @@
+"""Composition root of the trainer: the single writer of the tool graph.
+
+It consumes catalog, capability, execution and tenant events in consumer group `trainer`,
+applies them to Neo4j, publishes `GraphChanged`, and serves gRPC health only. SIGTERM/SIGINT
+stop it gracefully: health goes first (so no orchestrator waits on a stopping pod), then the
+bus (in-flight handlers finish or stay pending for another replica), then the stores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from pml_common.bus import EventBus
+from pml_common.embedding import build_embedder
+from pml_common.grpc_server import GrpcServer
+from pml_common.lifecycle import wait_for_shutdown_signal
+from pml_common.settings import Settings
+from pml_common.stores import neo4j_driver, redis_client
+from pml_common.telemetry import configure_logging, setup_telemetry
+from pml_trainer.cold_start import ColdStartConfig, load_templates
+from pml_trainer.graph_store import GraphStore
+from pml_trainer.handlers import TrainerHandlers
+
+SERVICE = "trainer"
+log = structlog.get_logger(__name__)
+
+
+async def serve(settings: Settings) -> None:
+    configure_logging(SERVICE, settings)
+    setup_telemetry(SERVICE, settings)
+    # A broken templates file stops the start-up here, not at the first registration.
+    templates = load_templates(settings.workflow_templates)
+    driver = neo4j_driver(settings)
+    redis = redis_client(settings)
+    bus = EventBus(settings, SERVICE)
+    server = GrpcServer(settings, settings.trainer_port, SERVICE)
+    try:
+        store = GraphStore(driver, settings.neo4j_database)
+        await store.ensure_schema()
+        handlers = TrainerHandlers(
+            store,
+            bus,
+            build_embedder(settings, redis),
+            templates,
+            ColdStartConfig(similarity_threshold=settings.cold_start_similarity),
+        )
+        handlers.subscribe(bus)
+        await bus.start()
+        await server.start()
+        log.info("trainer.started", port=settings.trainer_port, templates=len(templates))
+        received = await wait_for_shutdown_signal()
+        log.info("trainer.stopping", signal=received.name)
+    finally:
+        await server.stop()
+        await bus.stop()
+        await redis.aclose()
+        await driver.close()
+
+
+def main() -> None:
+    asyncio.run(serve(Settings()))

@@ -1,0 +1,158 @@
+"""`python -m pml_trainer` as a real process: events in through the bus, graph and GraphChanged out."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from pml_common.events import (
+    ExecutionCompleted,
+    ExecutionStep,
+    GraphChanged,
+    TenantDeleted,
+    ToolSpec,
+    ToolsRegistered,
+)
+from pml_common.healthcheck import check
+from pml_common.local_runtime import free_port
+from pml_common.settings import Settings
+from pml_trainer.graph_store import GraphStore
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("pml_common.bus") is None, reason="pml_common.bus not written yet"
+)
+
+T = TypeVar("T")
+TOOLS = [
+    ToolSpec(
+        id="git:git_add",
+        server="git",
+        name="git_add",
+        description="Adds file contents to the staging area",
+    ),
+    ToolSpec(
+        id="git:git_commit",
+        server="git",
+        name="git_commit",
+        description="Records changes to the repository",
+    ),
+    ToolSpec(
+        id="fetch:fetch",
+        server="fetch",
+        name="fetch",
+        description="Fetches a URL from the internet and extracts its contents as markdown.",
+    ),
+    ToolSpec(
+        id="filesystem:write_file",
+        server="filesystem",
+        name="write_file",
+        description="Create a new file or completely overwrite an existing file.",
+    ),
+]
+
+
+@pytest.fixture
+def trainer(settings_env: dict[str, str], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    port = free_port()
+    log_path = tmp_path / "trainer.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pml_trainer"],
+            env={**settings_env, "PML_TRAINER_PORT": str(port)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 90
+        while not check(f"127.0.0.1:{port}", timeout=1.0):
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "trainer never became healthy"
+            time.sleep(0.3)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+                pytest.fail("trainer did not stop within 30s of SIGTERM")
+    assert proc.returncode == 0, log_path.read_text()[-3000:]
+
+
+async def eventually(probe: Callable[[], Awaitable[T]], ok: Callable[[T], bool]) -> T:
+    deadline = time.monotonic() + 60
+    value = await probe()
+    while not ok(value):
+        assert time.monotonic() < deadline, f"condition not met; last value: {value!r}"
+        await asyncio.sleep(0.25)
+        value = await probe()
+    return value
+
+
+async def test_trainer_process_applies_events_and_announces_changes(
+    trainer: subprocess.Popen[bytes], settings: Settings, store: GraphStore, tenant: str
+) -> None:
+    from pml_common.bus import EventBus
+
+    announced: list[GraphChanged] = []
+
+    async def collect(event: GraphChanged) -> None:
+        if event.tenant_id == tenant:
+            announced.append(event)
+
+    bus = EventBus(settings, "trainer-service-test")
+    bus.subscribe(GraphChanged, f"test-{tenant}", collect)
+    await bus.start()
+    try:
+        await bus.publish(ToolsRegistered.create(tenant_id=tenant, tools=TOOLS))
+        edges = await eventually(lambda: store.edges(tenant), lambda e: len(e) > 0)
+        # Different servers, dissimilar descriptions: the template edge stands as written.
+        assert ("fetch:fetch", "filesystem:write_file", "template") in {
+            (e.src, e.dst, e.source) for e in edges
+        }
+
+        steps = [ExecutionStep(node_id=t, success=True) for t in ("git:git_add", "git:git_commit")]
+        for _ in range(3):
+            await bus.publish(
+                ExecutionCompleted.create(
+                    tenant_id=tenant, intent="commit", steps=steps, outcome="success"
+                )
+            )
+
+        def promoted(edges: list) -> bool:
+            return any(
+                (e.src, e.dst, e.source, e.count)
+                == ("git:git_add", "git:git_commit", "observed", 3)
+                for e in edges
+            )
+
+        await eventually(lambda: store.edges(tenant), promoted)
+        stats = await store.success_stats(tenant, ["git:git_commit"])
+        assert stats["git:git_commit"].executions == 3
+        await eventually(
+            lambda: _reasons(announced),
+            # Separate streams are consumed concurrently: the order between them is not fixed.
+            lambda r: sorted(r) == ["execution_completed"] * 3 + ["tools_registered"],
+        )
+
+        await bus.publish(TenantDeleted.create(tenant_id=tenant))
+        await eventually(lambda: store.edges(tenant), lambda e: e == [])
+        await eventually(lambda: _reasons(announced), lambda r: r[-1] == "tenant_deleted")
+    finally:
+        await bus.stop()
+
+
+async def _reasons(events: list[GraphChanged]) -> list[str]:
+    return [e.reason for e in events]
