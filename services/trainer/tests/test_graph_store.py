@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -13,6 +14,7 @@ from pml_common.events import (
     ExecutionCompleted,
     ExecutionStep,
     ToolSpec,
+    utcnow,
 )
 from pml_trainer.cold_start import load_templates, template_edges
 from pml_trainer.graph_store import Edge, GraphStore, NodeStats
@@ -261,3 +263,26 @@ async def test_neighbours_in_both_directions_heaviest_first(store: GraphStore, t
         ("a:y", "a:z", "inferred"),
     ]
     assert await store.neighbours(tenant, "a:nope") == []
+
+
+async def test_concurrent_executions_lose_no_observation(store: GraphStore, tenant: str) -> None:
+    await register(store, tenant, "a:x", "a:y")
+    events = [run(tenant, "a:x", ("a:y", i % 2 == 0)) for i in range(12)]
+    assert all(await asyncio.gather(*(apply(store, e) for e in events)))
+    e = link(await store.edges(tenant), "a:x", "a:y")
+    assert (e.count, e.source) == (12, "observed")
+    stats = await store.success_stats(tenant, ["a:x", "a:y"])
+    assert stats["a:x"] == NodeStats(12, 12, 1.0)
+    assert stats["a:y"] == NodeStats(12, 6, 0.5)
+
+
+async def test_prune_forgets_only_old_applied_events(
+    store: GraphStore, driver: neo4j.AsyncDriver, tenant: str
+) -> None:
+    old, new = run(tenant, "a:x"), run(tenant, "a:x")
+    assert await apply(store, old)
+    cutoff = utcnow()
+    assert await apply(store, new)
+    assert await store.prune_applied(cutoff) >= 1
+    assert not await store.is_applied(tenant, old.event_id)
+    assert await store.is_applied(tenant, new.event_id)

@@ -52,6 +52,7 @@ SCHEMA = (
     "FOR (n:Capability) REQUIRE (n.tenant_id, n.id) IS UNIQUE",
     "CREATE CONSTRAINT pml_applied_event_key IF NOT EXISTS "
     "FOR (n:AppliedEvent) REQUIRE (n.tenant_id, n.group, n.event_id) IS UNIQUE",
+    "CREATE INDEX pml_applied_event_at IF NOT EXISTS FOR (n:AppliedEvent) ON (n.applied_at)",
     "CREATE INDEX pml_link_type IF NOT EXISTS FOR ()-[r:LINK]-() ON (r.type)",
 )
 
@@ -231,6 +232,11 @@ CALL (t) {
     + "ORDER BY weight DESC, src, dst"
 )
 
+_PRUNE_APPLIED = """
+MATCH (a:AppliedEvent) WHERE a.applied_at < $before AND a.group = $group
+CALL (a) { DELETE a } IN TRANSACTIONS OF 5000 ROWS
+"""
+
 _DELETE_TENANT = (
     "MATCH (n:Tool {tenant_id: $tenant}) CALL (n) { DETACH DELETE n } IN TRANSACTIONS OF 1000 ROWS",
     "MATCH (n:Capability {tenant_id: $tenant}) "
@@ -314,6 +320,17 @@ class GraphStore:
                 summary = await result.consume()
                 deleted += summary.counters.nodes_deleted
         return deleted
+
+    async def prune_applied(self, before: datetime) -> int:
+        """Forget events applied before `before`; returns how many records were deleted.
+
+        The records only guard against redeliveries, which come within minutes; keeping them
+        as long as the bus remembers event ids (`dedupe_ttl_s`) keeps both guards in step.
+        """
+        async with self._driver.session(database=self._database) as session:
+            result = await session.run(_PRUNE_APPLIED, before=before, group=self._group)
+            summary = await result.consume()
+        return summary.counters.nodes_deleted
 
     # --- reads --------------------------------------------------------------------------------
 

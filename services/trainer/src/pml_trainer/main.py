@@ -9,11 +9,14 @@ bus (in-flight handlers finish or stay pending for another replica), then the st
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from datetime import timedelta
 
 import structlog
 
 from pml_common.bus import EventBus
 from pml_common.embedding import build_embedder
+from pml_common.events import utcnow
 from pml_common.grpc_server import GrpcServer
 from pml_common.lifecycle import wait_for_shutdown_signal
 from pml_common.settings import Settings
@@ -24,6 +27,8 @@ from pml_trainer.graph_store import GraphStore
 from pml_trainer.handlers import TrainerHandlers
 
 SERVICE = "trainer"
+#: How often applied-event records older than the bus's dedupe window are deleted.
+PRUNE_INTERVAL_S = 3600
 log = structlog.get_logger(__name__)
 
 
@@ -49,14 +54,29 @@ async def serve(settings: Settings) -> None:
         handlers.subscribe(bus)
         await bus.start()
         await server.start()
+        pruner = asyncio.create_task(_prune_forever(store, settings), name="prune-applied")
         log.info("trainer.started", port=settings.trainer_port, templates=len(templates))
         received = await wait_for_shutdown_signal()
         log.info("trainer.stopping", signal=received.name)
+        pruner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pruner
     finally:
         await server.stop()
         await bus.stop()
         await redis.aclose()
         await driver.close()
+
+
+async def _prune_forever(store: GraphStore, settings: Settings) -> None:
+    retention = timedelta(seconds=settings.dedupe_ttl_s)
+    while True:
+        try:
+            deleted = await store.prune_applied(utcnow() - retention)
+            log.info("trainer.applied_events_pruned", deleted=deleted)
+        except Exception as exc:  # a missed round is harmless: the next one catches up
+            log.warning("trainer.prune_failed", error=repr(exc))
+        await asyncio.sleep(PRUNE_INTERVAL_S)
 
 
 def main() -> None:
