@@ -1,6 +1,7 @@
 """In-process latency of the search hot path at N tools (default 10k), without gRPC or embedding.
 
     uv run python services/search/bench/ranking_latency.py [--tools 10000] [--qdrant]
+        [--blas-threads 1]
 
 Measures, per query: retrieval from the in-memory matrix (`CatalogIndex.nearest`) plus unified
 ranking (`rank_unified`) and hybrid re-ranking with context (`rank_hybrid`), over a tenant whose
@@ -21,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import numpy as np
 
 from pml_search import ranking
+from pml_search.blas import limit_blas_threads
 from pml_search.catalog_index import TOOL, CatalogEntry, CatalogIndex, TenantMatrix
 from pml_search.graph_view import NodeStats, TenantGraph
 from pml_search.service import rank_hybrid, rank_unified
@@ -83,7 +85,9 @@ def _report(name: str, ms: list[float]) -> None:
     print(f"{name:<44} p50 {statistics.median(ms):7.2f} ms   p99 {p99:7.2f} ms")
 
 
-async def main(n: int, runs: int, with_qdrant: bool) -> None:
+async def main(n: int, runs: int, with_qdrant: bool, blas_threads: int) -> None:
+    if blas_threads > 0:
+        limit_blas_threads(blas_threads)  # as SearchApp does with 1
     rng = np.random.default_rng(7)
     entries = _catalog(n)
     vectors = _unit(rng, n)
@@ -142,5 +146,8 @@ if __name__ == "__main__":
     parser.add_argument("--tools", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--qdrant", action="store_true")
+    parser.add_argument(
+        "--blas-threads", type=int, default=1, help="0: leave OpenBLAS's default pool"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.tools, args.runs, args.qdrant))
+    asyncio.run(main(args.tools, args.runs, args.qdrant, args.blas_threads))

@@ -1,3 +1,5 @@
+"""`python -m pml_search`."""
+
 from pml_search.main import main
 
 main()

@@ -22,6 +22,7 @@ from pml_common.lifecycle import wait_for_shutdown_signal
 from pml_common.settings import Settings
 from pml_common.stores import neo4j_driver, redis_client
 from pml_common.telemetry import configure_logging, setup_telemetry
+from pml_search.blas import limit_blas_threads
 from pml_search.catalog_index import CatalogIndex
 from pml_search.consumers import SearchConsumers
 from pml_search.graph_view import GraphView
@@ -36,6 +37,7 @@ class SearchApp:
     """Every part of the running service, started and stopped in order."""
 
     def __init__(self, settings: Settings, port: int | None = None) -> None:
+        limit_blas_threads(1)  # see pml_search.blas
         self.settings = settings
         self.port = settings.search_port if port is None else port
         self._redis = redis_client(settings)
