@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from itertools import pairwise
 from typing import Any
 
 import neo4j
@@ -16,6 +17,7 @@ from pml_common.events import (
     ToolSpec,
     utcnow,
 )
+from pml_common.settings import Settings
 from pml_trainer.cold_start import load_templates, template_edges
 from pml_trainer.graph_store import Edge, GraphStore, NodeStats
 from pml_trainer.statistics import EdgeKey, EdgeState, execution_effect
@@ -286,3 +288,17 @@ async def test_prune_forgets_only_old_applied_events(
     assert await store.prune_applied(cutoff) >= 1
     assert not await store.is_applied(tenant, old.event_id)
     assert await store.is_applied(tenant, new.event_id)
+
+
+async def test_large_registration_in_slices_is_applied_once(
+    driver: neo4j.AsyncDriver, settings: Settings, tenant: str
+) -> None:
+    sliced = GraphStore(driver, settings.neo4j_database, tool_batch=2, edge_batch=2)
+    ids = [f"s:t{i}" for i in range(5)]
+    guesses = [
+        (EdgeKey(a, b, "sequence"), EdgeState("template", "template", 0)) for a, b in pairwise(ids)
+    ]
+    assert await sliced.register_tools(tenant, "big", [spec(i) for i in ids], guesses)
+    assert not await sliced.register_tools(tenant, "big", [spec(i) for i in ids], guesses)
+    assert sorted(t.id for t in await sliced.catalog(tenant)) == ids
+    assert len(await sliced.edges(tenant)) == 4

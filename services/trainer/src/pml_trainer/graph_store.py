@@ -252,10 +252,19 @@ _DELETE_TENANT = (
 class GraphStore:
     """Reads and writes of the tool graph, per tenant."""
 
-    def __init__(self, driver: neo4j.AsyncDriver, database: str, group: str = GROUP) -> None:
+    def __init__(
+        self,
+        driver: neo4j.AsyncDriver,
+        database: str,
+        group: str = GROUP,
+        tool_batch: int = _TOOL_BATCH,
+        edge_batch: int = _EDGE_BATCH,
+    ) -> None:
         self._driver = driver
         self._database = database
         self._group = group
+        self._tool_batch = tool_batch
+        self._edge_batch = edge_batch
 
     async def ensure_schema(self) -> None:
         """Constraints and indexes (idempotent; run at start-up)."""
@@ -277,18 +286,22 @@ class GraphStore:
     ) -> bool:
         """Upsert tools (statistics kept) and merge their cold-start edges.
 
-        Both writes are idempotent (MERGE; cold start never overrides evidence), so a large
-        registration is written in slices and the event is claimed last: a crash midway makes
-        the redelivery redo the same writes, never double anything.
+        A registration of ordinary size is one transaction with its AppliedEvent. A larger one
+        is written in slices, the event claimed last: both writes are idempotent (MERGE; cold
+        start never overrides evidence), so a crash midway makes the redelivery redo the same
+        writes and never double anything, while no transaction grows without bound.
         """
-        if await self.is_applied(tenant, event_id):
-            return False
         at = utcnow()
         rows = [_tool_row(t.id, t.server, t.name, t.description) for t in tools]
-        for chunk in _chunks(rows, _TOOL_BATCH):
+        edges = list(cold_start)
+        if len(rows) <= self._tool_batch and len(edges) <= self._edge_batch:
+            return await self._write(self._register_at_once, tenant, event_id, rows, edges, at)
+        if await self.is_applied(tenant, event_id):
+            return False
+        for chunk in _chunks(rows, self._tool_batch):
             await self._write(self._upsert_tools, tenant, chunk, at)
-        for edges in _chunks(list(cold_start), _EDGE_BATCH):
-            await self._write(self._merge_cold_start, tenant, edges, at)
+        for chunk_edges in _chunks(edges, self._edge_batch):
+            await self._write(self._merge_cold_start, tenant, chunk_edges, at)
         return await self._write(self._claim, tenant, event_id, at)
 
     async def learn_capability(self, tenant: str, event_id: str, spec: CapabilitySpec) -> bool:
@@ -304,7 +317,7 @@ class GraphStore:
     async def add_cold_start_edges(self, tenant: str, edges: Sequence[ColdStartEdge]) -> None:
         """Merge cold-start guesses outside any event (idempotent, e.g. after new templates)."""
         at = utcnow()
-        for chunk in _chunks(list(edges), _EDGE_BATCH):
+        for chunk in _chunks(list(edges), self._edge_batch):
             await self._write(self._merge_cold_start, tenant, chunk, at)
 
     async def delete_tenant(self, tenant: str) -> int:
@@ -374,6 +387,21 @@ class GraphStore:
         at: datetime,
     ) -> None:
         await _run(tx, _UPSERT_TOOLS, tenant=tenant, tools=rows, at=at)
+
+    async def _register_at_once(
+        self,
+        tx: neo4j.AsyncManagedTransaction,
+        tenant: str,
+        event_id: str,
+        rows: list[dict[str, Any]],
+        edges: list[ColdStartEdge],
+        at: datetime,
+    ) -> bool:
+        if not await self._claim(tx, tenant, event_id, at):
+            return False
+        await self._upsert_tools(tx, tenant, rows, at)
+        await self._merge_cold_start(tx, tenant, edges, at)
+        return True
 
     async def _learn_capability(
         self,

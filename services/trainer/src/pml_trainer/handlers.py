@@ -12,6 +12,7 @@ from typing import Protocol
 
 import structlog
 
+from pml_common.bus import EventBus
 from pml_common.events import (
     CapabilityLearned,
     Event,
@@ -37,10 +38,6 @@ class Publisher(Protocol):
     async def publish(self, event: Event) -> str: ...
 
 
-class Subscriber(Protocol):
-    def subscribe(self, event_type: type, group: str, handler: object) -> None: ...
-
-
 class TrainerHandlers:
     """The trainer's reactions to events, in consumer group `GROUP`."""
 
@@ -58,7 +55,7 @@ class TrainerHandlers:
         self._templates = list(templates)
         self._cold_start = cold_start or ColdStartConfig()
 
-    def subscribe(self, bus: Subscriber) -> None:
+    def subscribe(self, bus: EventBus) -> None:
         bus.subscribe(ToolsRegistered, GROUP, self.on_tools_registered)
         bus.subscribe(CapabilityLearned, GROUP, self.on_capability_learned)
         bus.subscribe(ExecutionCompleted, GROUP, self.on_execution_completed)
