@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.instrumentation.grpc import client_interceptor
+from opentelemetry.instrumentation.grpc.grpcext import intercept_channel
 from rich.console import Console
 from rich.table import Table
 
@@ -24,7 +25,8 @@ def channel(address: str, settings: Settings) -> grpc.Channel:
         ("grpc.max_send_message_length", settings.grpc_max_message_bytes),
         ("grpc.max_receive_message_length", settings.grpc_max_message_bytes),
     ]
-    return grpc.intercept_channel(grpc.insecure_channel(address, options), client_interceptor())
+    # OpenTelemetry's interceptor has its own channel wrapper (grpcext), not grpc's.
+    return intercept_channel(grpc.insecure_channel(address, options), client_interceptor())
 
 
 def search_stub(settings: Settings) -> search_pb2_grpc.SearchServiceStub:
