@@ -171,6 +171,13 @@ async def test_search_kinds_filter_and_min_semantic_score(
     assert [(r.id, r.kind) for r in caps.results] == [
         ("cap:screenshot_site", search_pb2.NODE_KIND_CAPABILITY)
     ]
+    node = await stub.GetNode(search_pb2.GetNodeRequest(tenant_id=tenant, id="cap:screenshot_site"))
+    assert (node.kind, node.name, node.executions) == (
+        search_pb2.NODE_KIND_CAPABILITY,
+        "screenshot a web site",
+        0,
+    )
+    assert not node.HasField("success_rate")
     only_tools = await search_ids(
         stub, tenant, "take a screenshot", kinds=[search_pb2.NODE_KIND_TOOL], limit=20
     )

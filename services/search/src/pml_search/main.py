@@ -53,7 +53,8 @@ class SearchApp:
             lambda s: search_pb2_grpc.add_SearchServiceServicer_to_server(self.servicer, s),
             "pml.v1.SearchService",
         )
-        knowledge = knowledge_pb2_grpc.KnowledgeServiceServicer()
+        # The generated base answers UNIMPLEMENTED (its stub marks Ask abstract).
+        knowledge = knowledge_pb2_grpc.KnowledgeServiceServicer()  # type: ignore[abstract]
         self._server.add(
             lambda s: knowledge_pb2_grpc.add_KnowledgeServiceServicer_to_server(knowledge, s),
             "pml.v1.KnowledgeService",

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import grpc
+import grpc  # type: ignore[import-untyped, unused-ignore]
 import numpy as np
 
 from pml.v1 import common_pb2, search_pb2, search_pb2_grpc

@@ -23,8 +23,14 @@ MAX_DESCRIPTION = 20_000
 MAX_BATCH = 50_000
 _TOOL_ID = re.compile(TOOL_ID_PATTERN)
 
-KIND_OF_ENUM = {search_pb2.NODE_KIND_TOOL: TOOL, search_pb2.NODE_KIND_CAPABILITY: CAPABILITY}
-ENUM_OF_KIND = {v: k for k, v in KIND_OF_ENUM.items()}
+KIND_OF_ENUM: dict[int, str] = {
+    search_pb2.NODE_KIND_TOOL: TOOL,
+    search_pb2.NODE_KIND_CAPABILITY: CAPABILITY,
+}
+ENUM_OF_KIND: dict[str, search_pb2.NodeKind.ValueType] = {
+    TOOL: search_pb2.NODE_KIND_TOOL,
+    CAPABILITY: search_pb2.NODE_KIND_CAPABILITY,
+}
 
 
 def tenant_of(tenant_id: str, settings: Settings) -> str:
