@@ -201,6 +201,9 @@ class CatalogIndex:
 
     # --- reads --------------------------------------------------------------------------------
 
+    def is_cached(self, tenant: str, kind: str) -> bool:
+        return (tenant, kind) in self._cache
+
     async def nearest(
         self, tenant: str, kind: str, query: np.ndarray, limit: int
     ) -> list[tuple[CatalogEntry, float]]:

@@ -2,10 +2,11 @@
 
 Builds, from one `Settings`: logging and telemetry, the Redis client (embedding cache), the
 embedder, the vector store (sole owner of the embedded Qdrant folder), the Neo4j driver (read
-only), the event subscriptions (consumer group `search`) and the gRPC server on
-`settings.search_port` with `SearchService` and `KnowledgeService` (whose `Ask` answers
-UNIMPLEMENTED until the knowledge side is built). SIGTERM/SIGINT stop it gracefully: the server
-stops accepting RPCs and finishes those in flight, then the consumers stop, then the clients close.
+only), the event subscriptions (the shared group `search` and this replica's cache group, see
+`consumers`) and the gRPC server on `settings.search_port` with `SearchService` and
+`KnowledgeService` (whose `Ask` answers UNIMPLEMENTED until the knowledge side is built).
+SIGTERM/SIGINT stop it gracefully: the server stops accepting RPCs and finishes those in flight,
+then the consumers stop, the replica's cache group is removed, then the clients close.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pml_common.stores import neo4j_driver, redis_client
 from pml_common.telemetry import configure_logging, setup_telemetry
 from pml_search.blas import limit_blas_threads
 from pml_search.catalog_index import CatalogIndex
-from pml_search.consumers import SearchConsumers
+from pml_search.consumers import SearchConsumers, create_cache_group, destroy_cache_group
 from pml_search.graph_view import GraphView
 from pml_search.service import SearchServicer
 from pml_search.vector_store import QdrantVectorStore
@@ -46,7 +47,8 @@ class SearchApp:
         self.catalog = CatalogIndex(self._store, build_embedder(settings, self._redis))
         self.graph = GraphView(self._driver, settings.neo4j_database)
         self.bus = EventBus(settings, SERVICE)
-        SearchConsumers(self.catalog, self.graph).subscribe(self.bus)
+        consumers = SearchConsumers(self.catalog, self.graph)
+        self._cache_group = consumers.subscribe(self.bus, settings.consumer_name)
         self.servicer = SearchServicer(settings, self.catalog, self.graph, self.bus)
         self._server = GrpcServer(settings, self.port, SERVICE)
         self._server.add(
@@ -65,6 +67,7 @@ class SearchApp:
         await self.catalog.start()
         # Load the model (and fill the cache) now rather than on the first request.
         await self.catalog.embedder.embed_queries(["warm up"])
+        await create_cache_group(self._redis, self._cache_group)
         await self.bus.start()
         self.port = await self._server.start()
         log.info("search started", port=self.port)
@@ -73,6 +76,7 @@ class SearchApp:
     async def stop(self) -> None:
         await self._server.stop()
         await self.bus.stop()
+        await destroy_cache_group(self._redis, self._cache_group)
         await self._driver.close()
         await self._store.close()
         await self._redis.aclose()
