@@ -16,6 +16,7 @@ from pml_search.catalog_index import (
     TOOL,
     CatalogEntry,
     CatalogIndex,
+    TenantMatrix,
     embed_text,
 )
 from pml_search.vector_store import QdrantVectorStore
@@ -85,3 +86,27 @@ async def test_index_skip_reload_and_delete(
     assert await restarted.delete_tenant(tenant) == 3
     assert await restarted.nearest(tenant, TOOL, query, 5) == []
     assert await store.count(COLLECTIONS[CAPABILITY], {"tenant_id": tenant}) == 0
+
+
+def test_tenant_matrix_grows_replaces_and_ranks() -> None:
+    matrix = TenantMatrix(2)
+    entry = [CatalogEntry("t", f"s:{i}", TOOL, str(i), "s", "") for i in range(100)]
+    # one at a time, as capability events arrive
+    for i in range(100):
+        angle = i * np.pi / 200  # 0 .. just under 90 degrees
+        matrix.upsert([entry[i]], [f"h{i}"], np.array([[np.cos(angle), np.sin(angle)]]))
+    assert len(matrix) == 100
+    assert matrix.vectors.shape == (100, 2)
+    top = matrix.top(np.array([1.0, 0.0], dtype=np.float32), 3)
+    assert [e.id for e, _ in top] == ["s:0", "s:1", "s:2"]
+    assert top[0][1] == pytest.approx(1.0)
+    # replacing a row keeps its slot and changes its vector; a batch may repeat an id
+    matrix.upsert(
+        [entry[50], entry[50]], ["x", "y"], np.array([[0.0, 1.0], [1.0, 0.0]], dtype=np.float32)
+    )
+    assert len(matrix) == 100
+    assert matrix.hash_of("s:50") == "y"
+    assert [e.id for e, _ in matrix.top(np.array([1.0, 0.0], dtype=np.float32), 2)] == [
+        "s:0",
+        "s:50",
+    ]

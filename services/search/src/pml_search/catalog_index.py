@@ -93,17 +93,26 @@ class IndexResult:
 
 
 class TenantMatrix:
-    """Read cache of one tenant's vectors of one kind."""
+    """Read cache of one tenant's vectors of one kind.
+
+    Rows live in a buffer whose capacity doubles, so adding entries one event at a time costs
+    amortised O(1) copies. Updating rows in place is safe: every reader (`top`) and writer runs
+    on the event loop thread without awaiting in between.
+    """
 
     def __init__(self, dim: int) -> None:
         self.dim = dim
         self.entries: list[CatalogEntry] = []
         self.hashes: list[str] = []
         self.index: dict[str, int] = {}
-        self.vectors = np.zeros((0, dim), dtype=np.float32)
+        self._buffer = np.zeros((0, dim), dtype=np.float32)
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    @property
+    def vectors(self) -> np.ndarray:
+        return self._buffer[: len(self.entries)]
 
     def hash_of(self, node_id: str) -> str | None:
         i = self.index.get(node_id)
@@ -112,29 +121,31 @@ class TenantMatrix:
     def upsert(
         self, entries: Sequence[CatalogEntry], hashes: Sequence[str], vecs: np.ndarray
     ) -> None:
-        new_rows: list[np.ndarray] = []
-        vectors = self.vectors.copy() if self.vectors.size else self.vectors
+        vecs = np.asarray(vecs, dtype=np.float32).reshape(len(entries), self.dim)
+        added = sum(1 for e in dict.fromkeys(e.id for e in entries) if e not in self.index)
+        self._reserve(len(self.entries) + added)
         for entry, digest, vec in zip(entries, hashes, vecs, strict=True):
             i = self.index.get(entry.id)
             if i is None:
-                self.index[entry.id] = len(self.entries)
+                i = self.index[entry.id] = len(self.entries)
                 self.entries.append(entry)
                 self.hashes.append(digest)
-                new_rows.append(vec)
             else:
                 self.entries[i], self.hashes[i] = entry, digest
-                vectors[i] = vec
-        if new_rows:
-            vectors = np.vstack([vectors, np.asarray(new_rows, dtype=np.float32)])
-        # Readers hold the old array until they are done: never mutate it in place.
-        self.vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+            self._buffer[i] = vec
+
+    def _reserve(self, rows: int) -> None:
+        if rows <= self._buffer.shape[0]:
+            return
+        grown = np.zeros((max(rows, 2 * self._buffer.shape[0], 64), self.dim), dtype=np.float32)
+        grown[: len(self.entries)] = self.vectors
+        self._buffer = grown
 
     def top(self, query: np.ndarray, k: int) -> list[tuple[CatalogEntry, float]]:
         if not self.entries:
             return []
-        vectors, entries = self.vectors, self.entries
-        scores = vectors @ query
-        return [(entries[i], float(scores[i])) for i in top_k_indices(scores, k)]
+        scores = self.vectors @ query
+        return [(self.entries[i], float(scores[i])) for i in top_k_indices(scores, k)]
 
 
 class CatalogIndex:
