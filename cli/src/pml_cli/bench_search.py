@@ -208,12 +208,14 @@ async def _measure_inproc(
     from pml_common.bus import EventBus
     from pml_common.embedding import build_embedder
     from pml_common.stores import neo4j_driver, redis_client
+    from pml_search.blas import limit_blas_threads
     from pml_search.catalog_index import TOOL, CatalogIndex
     from pml_search.graph_view import GraphView
     from pml_search.service import SearchServicer
     from pml_search.validation import tool_entry
     from pml_search.vector_store import QdrantVectorStore
 
+    limit_blas_threads(1)  # as the search service does (pml_search.blas)
     with tempfile.TemporaryDirectory(prefix="pml-bench-") as tmp:
         local = settings.model_copy(update={"qdrant_path": str(Path(tmp) / "qdrant")})
         redis = redis_client(local)

@@ -205,7 +205,8 @@ def rank_unified(
 ) -> list[search_pb2.SearchResult]:
     """ADR-051 final scores of the candidates, best first (ties by id), `limit` kept."""
     results = [_unified_result(entry, score, view) for entry, score in candidates]
-    results.sort(key=lambda r: (-r.final_score, r.id))
+    # The 0.95 cap makes ties; the better semantic match goes first among them.
+    results.sort(key=lambda r: (-r.final_score, -r.semantic_score, r.id))
     return results[:limit]
 
 
@@ -218,7 +219,7 @@ def rank_hybrid(
 ) -> list[search_pb2.ToolResult]:
     """Re-rank semantic candidates with the graph and reliability, best first, `limit` kept."""
     tools = [_hybrid_result(e, score, view, context_tools, alpha) for e, score in candidates]
-    tools.sort(key=lambda t: (-t.final_score, t.tool_id))
+    tools.sort(key=lambda t: (-t.final_score, -t.semantic_score, t.tool_id))
     return tools[:limit]
 
 
