@@ -82,8 +82,10 @@ async def handlers(
 
 
 async def announced(redis: aioredis.Redis, tenant: str) -> list[GraphChanged]:
+    # The stream is shared with other tests, some of which write entries that are not events.
     entries = await redis.xrange(Streams.GRAPH_CHANGED)
-    events = [parse_event(fields[EVENT_FIELD.encode()]) for _, fields in entries]
+    payloads = [f[EVENT_FIELD.encode()] for _, f in entries if EVENT_FIELD.encode() in f]
+    events = [parse_event(p) for p in payloads if tenant.encode() in p]
     return [e for e in events if isinstance(e, GraphChanged) and e.tenant_id == tenant]
 
 
