@@ -61,14 +61,16 @@ def test_failing_tool_drops_in_search(
         payload = json.dumps(_execution(e2e_tenant, top, success=False))
         client.xadd(Streams.EXECUTION_COMPLETED, {"data": payload})
 
-    def dropped(ranking: list[str]) -> bool:
-        return top not in ranking[:3]
+    def stats() -> search_pb2.SearchResult:
+        return search_stub.GetNode(
+            search_pb2.GetNodeRequest(tenant_id=e2e_tenant, id=top), timeout=5
+        )
 
-    after = eventually(lambda: _ranking(search_stub, e2e_tenant), dropped, timeout=60)
-    reply = search_stub.GetNode(search_pb2.GetNodeRequest(tenant_id=e2e_tenant, id=top), timeout=5)
+    reply = eventually(stats, lambda n: n.executions == 6, timeout=60)
     assert reply.success_rate == 0.0
-    assert reply.executions == 6
     assert reply.reliability_factor == pytest.approx(0.1)
+    after = _ranking(search_stub, e2e_tenant)
+    assert top not in after[:3], after
     assert after[0] != top
 
 
