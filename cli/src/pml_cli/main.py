@@ -61,7 +61,9 @@ def run(
     """Start Redis, Neo4j and every service on loopback; Ctrl-C stops them all."""
     settings = Settings()
     stack = LocalStack(state_dir.resolve(), settings)
-    signal.signal(signal.SIGTERM, _interrupt)
+    # Explicitly, as a shell may start background jobs with SIGINT ignored.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
     try:
         with err.status("starting Redis and Neo4j…"):
             stack.start_stores()
