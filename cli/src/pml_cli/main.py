@@ -53,6 +53,14 @@ def rpc_failure(exc: grpc.RpcError) -> NoReturn:
     fail(f"{code.name}: {detail}", 2)
 
 
+@app.callback()
+def _quiet_logs() -> None:
+    """Library logs go to stderr, warnings and up, so command output stays clean."""
+    from pml_common.telemetry import configure_logging
+
+    configure_logging("pml-cli", Settings(log_level="WARNING", log_format="console"))
+
+
 @app.command()
 def run(
     state_dir: Annotated[Path, typer.Option(help="Where data and logs go.")] = Path(".pml"),

