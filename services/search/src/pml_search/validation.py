@@ -73,9 +73,10 @@ def kinds_of(kinds: Iterable[int]) -> list[str]:
 
 
 def min_score_of(value: float) -> float:
+    """The semantic floor; 0 (the proto default) keeps everything, even negative cosines."""
     if not 0.0 <= value <= 1.0:
         raise invalid_argument(f"min_semantic_score must be between 0 and 1; got {value}")
-    return value
+    return value if value > 0 else -1.0
 
 
 def node_id_of(node_id: str) -> str:
