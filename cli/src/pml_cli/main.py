@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
@@ -67,8 +68,11 @@ def run(
     demo: Annotated[bool, typer.Option(help="Load the demo catalog.")] = True,
 ) -> None:
     """Start Redis, Neo4j and every service on loopback; Ctrl-C stops them all."""
+    state_dir = state_dir.resolve()
     settings = Settings()
-    stack = LocalStack(state_dir.resolve(), settings)
+    if "PML_QDRANT_PATH" not in os.environ:  # the vector store lives with the other state
+        settings = settings.model_copy(update={"qdrant_path": str(state_dir / "qdrant")})
+    stack = LocalStack(state_dir, settings)
     # Explicitly, as a shell may start background jobs with SIGINT ignored.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)
