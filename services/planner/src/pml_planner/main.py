@@ -6,30 +6,15 @@ not built yet and answer UNIMPLEMENTED (the generated base servicer's behaviour)
 
 from __future__ import annotations
 
-import asyncio
-
 from pml.v1 import planner_pb2_grpc
-from pml_common.grpc_server import GrpcServer
-from pml_common.lifecycle import wait_for_shutdown_signal
-from pml_common.settings import Settings
-from pml_common.telemetry import configure_logging, setup_telemetry
-
-SERVICE = "planner"
-
-
-async def serve(settings: Settings) -> None:
-    configure_logging(SERVICE, settings)
-    setup_telemetry(SERVICE, settings)
-    server = GrpcServer(settings, settings.planner_port, SERVICE)
-    servicer = planner_pb2_grpc.PlannerServiceServicer()
-    server.add(
-        lambda s: planner_pb2_grpc.add_PlannerServiceServicer_to_server(servicer, s),
-        "pml.v1.PlannerService",
-    )
-    await server.start()
-    await wait_for_shutdown_signal()
-    await server.stop()
+from pml_common.lifecycle import serve_contract
 
 
 def main() -> None:
-    asyncio.run(serve(Settings()))
+    serve_contract(
+        "planner",
+        lambda settings: settings.planner_port,
+        planner_pb2_grpc.add_PlannerServiceServicer_to_server,
+        planner_pb2_grpc.PlannerServiceServicer(),
+        "pml.v1.PlannerService",
+    )
