@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from pml.v1 import common_pb2, search_pb2
 from pml_common.events import TOOL_ID_PATTERN, CapabilitySpec, ToolSpec
@@ -31,6 +31,10 @@ ENUM_OF_KIND: dict[str, search_pb2.NodeKind.ValueType] = {
     TOOL: search_pb2.NODE_KIND_TOOL,
     CAPABILITY: search_pb2.NODE_KIND_CAPABILITY,
 }
+
+
+_Item = TypeVar("_Item", common_pb2.Tool, common_pb2.Capability)
+_Spec = TypeVar("_Spec", ToolSpec, CapabilitySpec)
 
 
 def tenant_of(tenant_id: str, settings: Settings) -> str:
@@ -101,28 +105,7 @@ def context_tools_of(ids: Sequence[str], settings: Settings) -> list[str]:
 
 def tool_specs_of(tools: Sequence[common_pb2.Tool]) -> list[ToolSpec]:
     """Validated specs of a RegisterTools batch; any bad tool rejects the whole batch."""
-    _check_batch("tools", len(tools))
-    problems: list[str] = []
-    specs: list[ToolSpec] = []
-    seen: set[str] = set()
-    for n, tool in enumerate(tools):
-        where = f"tools[{n}]"
-        problem = _tool_problem(tool, seen)
-        if problem:
-            problems.append(f"{where} ({tool.id or '<no id>'}): {problem}")
-            continue
-        seen.add(tool.id)
-        specs.append(
-            ToolSpec(
-                id=tool.id,
-                server=tool.server or tool.id.split(":", 1)[0],
-                name=tool.name.strip(),
-                description=tool.description,
-                input_schema=_schema_of(tool.input_schema_json),
-            )
-        )
-    _raise_problems(problems)
-    return specs
+    return _validated_batch("tools", tools, _tool_problem, _tool_spec)
 
 
 def capability_specs_of(capabilities: Sequence[common_pb2.Capability]) -> list[CapabilitySpec]:
@@ -131,28 +114,50 @@ def capability_specs_of(capabilities: Sequence[common_pb2.Capability]) -> list[C
     Capabilities registered through the API are predefined, not learned from executions, so
     their `source` is `template`.
     """
-    _check_batch("capabilities", len(capabilities))
+    return _validated_batch("capabilities", capabilities, _capability_problem, _capability_spec)
+
+
+def _validated_batch(
+    field: str,
+    items: Sequence[_Item],
+    problem_of: Callable[[_Item, set[str]], str | None],
+    spec_of: Callable[[_Item], _Spec],
+) -> list[_Spec]:
+    """Every item's spec, or INVALID_ARGUMENT listing every bad item (duplicates included)."""
+    _check_batch(field, len(items))
     problems: list[str] = []
-    specs: list[CapabilitySpec] = []
+    specs: list[_Spec] = []
     seen: set[str] = set()
-    for n, cap in enumerate(capabilities):
-        problem = _capability_problem(cap, seen)
+    for n, item in enumerate(items):
+        problem = problem_of(item, seen)
         if problem:
-            problems.append(f"capabilities[{n}] ({cap.id or '<no id>'}): {problem}")
+            problems.append(f"{field}[{n}] ({item.id or '<no id>'}): {problem}")
             continue
-        seen.add(cap.id)
-        specs.append(
-            CapabilitySpec(
-                id=cap.id,
-                name=cap.name.strip(),
-                description=cap.description,
-                tools=list(cap.tools),
-                capabilities=list(cap.capabilities),
-                source="template",
-            )
-        )
+        seen.add(item.id)
+        specs.append(spec_of(item))
     _raise_problems(problems)
     return specs
+
+
+def _tool_spec(tool: common_pb2.Tool) -> ToolSpec:
+    return ToolSpec(
+        id=tool.id,
+        server=tool.server or tool.id.split(":", 1)[0],
+        name=tool.name.strip(),
+        description=tool.description,
+        input_schema=_schema_of(tool.input_schema_json),
+    )
+
+
+def _capability_spec(cap: common_pb2.Capability) -> CapabilitySpec:
+    return CapabilitySpec(
+        id=cap.id,
+        name=cap.name.strip(),
+        description=cap.description,
+        tools=list(cap.tools),
+        capabilities=list(cap.capabilities),
+        source="template",
+    )
 
 
 def tool_entry(tenant: str, spec: ToolSpec) -> CatalogEntry:
