@@ -26,8 +26,8 @@ system-deps:
 python-deps: system-deps
 	@$(UV) sync --all-packages --quiet
 
-neo4j: $(NEO4J_DIR)/target/.built
-$(NEO4J_DIR)/target/.built: $(NEO4J_DIR)/pom.xml $(wildcard $(NEO4J_DIR)/src/main/java/pml/local/*.java)
+neo4j: $(NEO4J_DIR)/target/lib/.built
+$(NEO4J_DIR)/target/lib/.built: $(NEO4J_DIR)/pom.xml $(wildcard $(NEO4J_DIR)/src/main/java/pml/local/*.java)
 	mvn -q -B -f $(NEO4J_DIR)/pom.xml package
 	@touch $@
 
