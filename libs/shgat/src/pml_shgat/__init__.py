@@ -1,0 +1,1 @@
+"""SHGAT: multi-level hypergraph attention over tools and capabilities (seed 000)."""
