@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from pml_common.embedding import build_embedder
+from pml_common.embedding import build_embedder, catalog_text
 from pml_common.settings import Settings
 from pml_common.stores import redis_client
 from pml_search.catalog_index import (
@@ -17,7 +17,6 @@ from pml_search.catalog_index import (
     CatalogEntry,
     CatalogIndex,
     TenantMatrix,
-    embed_text,
 )
 from pml_search.vector_store import QdrantVectorStore
 
@@ -38,9 +37,9 @@ async def parts(settings: Settings) -> AsyncIterator[tuple[QdrantVectorStore, Ca
     await redis.aclose()
 
 
-def test_embed_text() -> None:
-    assert embed_text("read_file", "  Read a file. ") == "read_file: Read a file."
-    assert embed_text("read_file", "") == "read_file"
+def test_catalog_text() -> None:
+    assert catalog_text("read_file", "  Read a file. ") == "read_file: Read a file."
+    assert catalog_text("read_file", "") == "read_file"
 
 
 async def test_index_skip_reload_and_delete(

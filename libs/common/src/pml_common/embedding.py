@@ -51,6 +51,16 @@ class Embedder(Protocol):
         ...
 
 
+def catalog_text(name: str, description: str) -> str:
+    """The passage embedded for a tool or a capability: `"<name>: <description>"`, or the name.
+
+    Every service embeds catalog entries through this one function, so that they share the
+    embedding cache and agree on what a node "means".
+    """
+    description = description.strip()
+    return f"{name}: {description}" if description else name
+
+
 def normalise(vectors: np.ndarray) -> np.ndarray:
     """Rows scaled to unit length as float32; all-zero rows stay zero rather than NaN."""
     arr = np.asarray(vectors, dtype=np.float32)

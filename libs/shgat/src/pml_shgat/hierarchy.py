@@ -12,12 +12,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
+
+
+class CapabilityLike(Protocol):
+    """What the hierarchy needs of a capability (`CapabilityInput`, or a graph reader's row)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def embedding(self) -> Sequence[float] | NDArray[np.floating] | None: ...
+    @property
+    def tools(self) -> Sequence[str]: ...
+    @property
+    def capabilities(self) -> Sequence[str]: ...
 
 
 @dataclass(frozen=True)
@@ -91,7 +105,7 @@ class Hierarchy:
     @staticmethod
     def build(
         tools: Mapping[str, Sequence[float] | NDArray[np.floating]],
-        capabilities: Sequence[CapabilityInput],
+        capabilities: Sequence[CapabilityLike],
         dim: int | None = None,
     ) -> Hierarchy:
         return _build(tools, capabilities, dim)
@@ -104,7 +118,7 @@ def normalise_rows(matrix: NDArray[np.floating]) -> FloatArray:
 
 def _build(
     tools: Mapping[str, Sequence[float] | NDArray[np.floating]],
-    capabilities: Sequence[CapabilityInput],
+    capabilities: Sequence[CapabilityLike],
     dim: int | None,
 ) -> Hierarchy:
     tool_ids = tuple(tools)
@@ -149,7 +163,7 @@ def _build(
 
 def _infer_dim(
     tools: Mapping[str, Sequence[float] | NDArray[np.floating]],
-    capabilities: Sequence[CapabilityInput],
+    capabilities: Sequence[CapabilityLike],
 ) -> int:
     for vector in [*tools.values(), *(c.embedding for c in capabilities)]:
         if vector is not None:
@@ -158,7 +172,7 @@ def _infer_dim(
 
 
 def _acyclic_children(
-    cap_ids: tuple[str, ...], by_id: Mapping[str, CapabilityInput], dropped: list[tuple[str, str]]
+    cap_ids: tuple[str, ...], by_id: Mapping[str, CapabilityLike], dropped: list[tuple[str, str]]
 ) -> dict[str, list[str]]:
     """Child capabilities of each capability, minus unknown ones and those that close a cycle.
 

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import structlog
 
-from pml_common.embedding import Embedder
+from pml_common.embedding import Embedder, catalog_text
 from pml_search.ranking import top_k_indices
 from pml_search.vector_store import VectorPoint, VectorStore
 
@@ -57,13 +57,7 @@ class CatalogEntry:
     description: str
 
     def text(self) -> str:
-        return embed_text(self.name, self.description)
-
-
-def embed_text(name: str, description: str) -> str:
-    """The passage embedded for a catalog entry (see module docstring)."""
-    description = description.strip()
-    return f"{name}: {description}" if description else name
+        return catalog_text(self.name, self.description)
 
 
 def point_id(tenant: str, kind: str, node_id: str) -> str:

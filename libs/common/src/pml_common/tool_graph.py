@@ -1,0 +1,114 @@
+"""Read-only view of a tenant's tools and capabilities as the trainer wrote them to Neo4j.
+
+The scorer, the trainer's learning loop and the planner all need the same thing: every tool,
+every capability with its direct members (`CONTAINS`), and an embedding of each node made from
+`catalog_text` so that it comes from the shared embedding cache. Only the trainer writes these
+nodes; this module never does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from neo4j import AsyncDriver
+from numpy.typing import NDArray
+
+from pml_common.embedding import Embedder, catalog_text
+
+_TOOLS = """
+MATCH (t:Tool {tenant_id: $tenant})
+RETURN t.id AS id, coalesce(t.name, t.id) AS name, coalesce(t.description, '') AS description
+ORDER BY id
+"""
+
+_CAPABILITIES = """
+MATCH (c:Capability {tenant_id: $tenant})
+OPTIONAL MATCH (c)-[r:CONTAINS]->(m)
+WITH c, r, m ORDER BY r.position
+RETURN c.id AS id, coalesce(c.name, c.id) AS name,
+       coalesce(c.description, '') AS description,
+       [x IN collect(CASE WHEN m:Tool THEN m.id END) WHERE x IS NOT NULL] AS tools,
+       [x IN collect(CASE WHEN m:Capability THEN m.id END) WHERE x IS NOT NULL] AS capabilities
+ORDER BY id
+"""
+
+_TENANTS = """
+MATCH (n) WHERE (n:Tool OR n:Capability) AND n.tenant_id IS NOT NULL
+RETURN DISTINCT n.tenant_id AS tenant ORDER BY tenant
+"""
+
+
+@dataclass(frozen=True)
+class GraphTool:
+    id: str
+    name: str
+    description: str
+
+
+@dataclass(frozen=True)
+class GraphCapability:
+    id: str
+    name: str
+    description: str
+    tools: tuple[str, ...]
+    capabilities: tuple[str, ...]
+    #: Embedding of its text; None when it has no description, so that its members define it.
+    embedding: NDArray[np.float32] | None = None
+
+
+@dataclass(frozen=True)
+class ToolGraph:
+    tenant_id: str
+    tools: tuple[GraphTool, ...]
+    capabilities: tuple[GraphCapability, ...]
+    tool_vectors: dict[str, NDArray[np.float32]]
+
+    @property
+    def size(self) -> int:
+        return len(self.tools) + len(self.capabilities)
+
+
+async def read_tool_graph(
+    driver: AsyncDriver, database: str, tenant: str, embedder: Embedder
+) -> ToolGraph:
+    """The tenant's tools and capabilities with their members and embeddings."""
+    tools_result = await driver.execute_query(_TOOLS, tenant=tenant, database_=database)
+    caps_result = await driver.execute_query(_CAPABILITIES, tenant=tenant, database_=database)
+    tools = tuple(GraphTool(r["id"], r["name"], r["description"]) for r in tools_result.records)
+    tool_vectors = await _embed(embedder, [catalog_text(t.name, t.description) for t in tools])
+    described = [r for r in caps_result.records if r["description"].strip()]
+    cap_vectors = await _embed(
+        embedder, [catalog_text(r["name"], r["description"]) for r in described]
+    )
+    vector_of = {r["id"]: cap_vectors[i] for i, r in enumerate(described)}
+    capabilities = tuple(
+        GraphCapability(
+            id=r["id"],
+            name=r["name"],
+            description=r["description"],
+            tools=tuple(r["tools"]),
+            capabilities=tuple(r["capabilities"]),
+            embedding=vector_of.get(r["id"]),
+        )
+        for r in caps_result.records
+    )
+    return ToolGraph(
+        tenant_id=tenant,
+        tools=tools,
+        capabilities=capabilities,
+        tool_vectors={t.id: tool_vectors[i] for i, t in enumerate(tools)},
+    )
+
+
+async def graph_tenants(driver: AsyncDriver, database: str) -> list[str]:
+    """Tenants that have at least one tool or capability."""
+    result = await driver.execute_query(_TENANTS, database_=database)
+    return [r["tenant"] for r in result.records]
+
+
+async def _embed(embedder: Embedder, texts: Sequence[str]) -> NDArray[np.float32]:
+    if not texts:
+        return np.zeros((0, embedder.dim), dtype=np.float32)
+    return np.asarray(await embedder.embed_passages(texts), dtype=np.float32)
