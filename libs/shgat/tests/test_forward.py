@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from autograd import grad
+
 from pml_shgat.forward import propagate
 from pml_shgat.params import init_params, make_config
 from pml_shgat.synthetic import synthetic_task

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from pml_shgat.forward import propagate
 from pml_shgat.hierarchy import CapabilityInput, Hierarchy
 from pml_shgat.params import (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from pml_shgat.params import init_params, make_config
 from pml_shgat.serving import ServingModel
 from pml_shgat.synthetic import SyntheticQuery, SyntheticTask, synthetic_task

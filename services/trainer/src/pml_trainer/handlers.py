@@ -29,6 +29,7 @@ from pml_trainer.cold_start import (
     plan_cold_start,
 )
 from pml_trainer.graph_store import GROUP, GraphStore
+from pml_trainer.replay_buffer import ReplayBuffer, Trace
 from pml_trainer.statistics import execution_effect
 
 log = structlog.get_logger(__name__)
@@ -36,6 +37,20 @@ log = structlog.get_logger(__name__)
 
 class Publisher(Protocol):
     async def publish(self, event: Event) -> str: ...
+
+
+#: Outcome of a run as the learning target of its path.
+OUTCOME_VALUE = {"success": 1.0, "partial": 0.5, "failure": 0.0}
+
+
+def trace_of(event: ExecutionCompleted) -> Trace:
+    return Trace(
+        trace_id=event.event_id,
+        intent=event.intent,
+        path=[step.node_id for step in event.steps],
+        outcome=OUTCOME_VALUE[event.outcome],
+        capability_id=event.capability_id,
+    )
 
 
 class TrainerHandlers:
@@ -48,12 +63,14 @@ class TrainerHandlers:
         embedder: PassageEmbedder,
         templates: Sequence[Template],
         cold_start: ColdStartConfig | None = None,
+        replay: ReplayBuffer | None = None,
     ) -> None:
         self._store = store
         self._publisher = publisher
         self._embedder = embedder
         self._templates = list(templates)
         self._cold_start = cold_start or ColdStartConfig()
+        self._replay = replay
 
     def subscribe(self, bus: EventBus) -> None:
         bus.subscribe(ToolsRegistered, GROUP, self.on_tools_registered)
@@ -94,6 +111,10 @@ class TrainerHandlers:
         )
 
     async def on_execution_completed(self, event: ExecutionCompleted) -> None:
+        if self._replay is not None:
+            # Idempotent on the event id, and done first: a crash after the graph update
+            # must not lose the trace on redelivery.
+            await self._replay.add(event.tenant_id, trace_of(event))
         effect = execution_effect(event)
         applied = await self._store.apply_execution(
             event.tenant_id, event.event_id, effect, event.occurred_at
@@ -104,6 +125,8 @@ class TrainerHandlers:
 
     async def on_tenant_deleted(self, event: TenantDeleted) -> None:
         deleted = await self._store.delete_tenant(event.tenant_id)
+        if self._replay is not None:
+            await self._replay.delete_tenant(event.tenant_id)
         log.info("trainer.tenant_deleted", tenant=event.tenant_id, nodes=deleted)
         # Deleting twice deletes nothing the second time: only a real deletion is announced.
         if deleted:

@@ -1,7 +1,9 @@
 """Composition root of the trainer: the single writer of the tool graph.
 
 It consumes catalog, capability, execution and tenant events in consumer group `trainer`,
-applies them to Neo4j, publishes `GraphChanged`, and serves gRPC health only. SIGTERM/SIGINT
+applies them to Neo4j, publishes `GraphChanged`, keeps executions in the replay buffer, and
+serves gRPC health only. Beside the consumers, the learning loop trains SHGAT whenever this
+replica holds the trainer lock (several replicas may run; one trains at a time). SIGTERM/SIGINT
 stop it gracefully: health goes first (so no orchestrator waits on a stopping pod), then the
 bus (in-flight handlers finish or stay pending for another replica), then the stores.
 """
@@ -13,18 +15,23 @@ import contextlib
 from datetime import timedelta
 
 import structlog
+from redis.asyncio import Redis
 
 from pml_common.bus import EventBus
 from pml_common.embedding import build_embedder
 from pml_common.events import utcnow
 from pml_common.grpc_server import GrpcServer
+from pml_common.lease_lock import LeaseLock
 from pml_common.lifecycle import wait_for_shutdown_signal
+from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
 from pml_common.stores import neo4j_driver, redis_client
 from pml_common.telemetry import configure_logging, setup_telemetry
 from pml_trainer.cold_start import ColdStartConfig, load_templates
 from pml_trainer.graph_store import GraphStore
 from pml_trainer.handlers import TrainerHandlers
+from pml_trainer.learning import LearningConfig, LearningLoop
+from pml_trainer.replay_buffer import ReplayBuffer
 
 SERVICE = "trainer"
 #: How often applied-event records older than the bus's dedupe window are deleted.
@@ -44,28 +51,68 @@ async def serve(settings: Settings) -> None:
     try:
         store = GraphStore(driver, settings.neo4j_database)
         await store.ensure_schema()
+        embedder = build_embedder(settings, redis)
+        replay = _replay_buffer(settings, redis)
         handlers = TrainerHandlers(
             store,
             bus,
-            build_embedder(settings, redis),
+            embedder,
             templates,
             ColdStartConfig(similarity_threshold=settings.cold_start_similarity),
+            replay,
         )
         handlers.subscribe(bus)
         await bus.start()
         await server.start()
+        learning = LearningLoop(
+            buffer=replay,
+            lock=LeaseLock(redis, lease_ms=settings.trainer_lease_ms, owner=settings.consumer_name),
+            registry=ModelRegistry(redis, settings.model_keep_versions),
+            driver=driver,
+            database=settings.neo4j_database,
+            embedder=embedder,
+            publisher=bus,
+            config=_learning_config(settings),
+        )
+        stop_learning = asyncio.Event()
+        learner = asyncio.create_task(learning.run(stop_learning), name="learning")
         pruner = asyncio.create_task(_prune_forever(store, settings), name="prune-applied")
         log.info("trainer.started", port=settings.trainer_port, templates=len(templates))
         received = await wait_for_shutdown_signal()
         log.info("trainer.stopping", signal=received.name)
+        stop_learning.set()
         pruner.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await pruner
+        await learner  # releases the lock, so another replica takes over without waiting
     finally:
         await server.stop()
         await bus.stop()
         await redis.aclose()
         await driver.close()
+
+
+def _replay_buffer(settings: Settings, redis: Redis) -> ReplayBuffer:
+    return ReplayBuffer(
+        redis,
+        settings.replay_capacity,
+        alpha=settings.per_alpha,
+        beta0=settings.per_beta0,
+        beta_steps=settings.per_beta_steps,
+        epsilon=settings.per_epsilon,
+    )
+
+
+def _learning_config(settings: Settings) -> LearningConfig:
+    return LearningConfig(
+        batch_size=settings.train_batch_size,
+        steps=settings.train_steps,
+        learning_rate=settings.train_learning_rate,
+        min_traces=settings.replay_min_traces,
+        # Waiting for the lock polls well inside one lease, so a dead holder is replaced fast.
+        poll_s=min(settings.train_poll_s, settings.trainer_lease_ms / 3000),
+        key_dim=settings.shgat_key_dim,
+    )
 
 
 async def _prune_forever(store: GraphStore, settings: Settings) -> None:
