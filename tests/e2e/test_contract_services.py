@@ -1,6 +1,9 @@
-"""Scorer, planner and ingest serve their contracts: healthy, reflected, RPCs UNIMPLEMENTED."""
+"""Planner and ingest serve their contracts (healthy, reflected, RPCs UNIMPLEMENTED); the
+scorer, built since, answers for real."""
 
 from __future__ import annotations
+
+import uuid
 
 import grpc
 import pytest
@@ -18,9 +21,6 @@ from pml_cli.local_stack import LocalStack
 pytestmark = pytest.mark.e2e
 
 CALLS = {
-    "scorer": lambda ch: scorer_pb2_grpc.ScorerServiceStub(ch).ModelInfo(
-        scorer_pb2.ModelInfoRequest(), timeout=10
-    ),
     "planner": lambda ch: planner_pb2_grpc.PlannerServiceStub(ch).SuggestDag(
         planner_pb2.SuggestDagRequest(intent="deploy my app"), timeout=10
     ),
@@ -37,3 +37,14 @@ def test_contract_only_services_answer_unimplemented(stack: LocalStack, service:
     with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as info:
         CALLS[service](channel)
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_scorer_answers_model_info_for_an_empty_tenant(stack: LocalStack) -> None:
+    stack.start_services(["scorer"])  # waits for its health check to answer SERVING
+    address = stack.processes[-1].url
+    with grpc.insecure_channel(address) as channel:
+        info = scorer_pb2_grpc.ScorerServiceStub(channel).ModelInfo(
+            scorer_pb2.ModelInfoRequest(tenant_id=f"e2e-empty-{uuid.uuid4().hex[:8]}"), timeout=30
+        )
+    assert info.version == "untrained"
+    assert (info.num_tools, info.num_capabilities, info.num_levels) == (0, 0, 0)

@@ -1,0 +1,162 @@
+"""One tenant's serving model, and how it is built from the tool graph and the model registry.
+
+A `TenantModel` is immutable: the scorer replaces a tenant's model as a whole (see
+`snapshots`), so a request that took one reference scores with one version from start to end.
+
+Building: the tenant's tools and capabilities are read from Neo4j (`read_tool_graph`, embeddings
+from the shared cache), turned into a `Hierarchy`, and frozen into a `ServingModel` with the
+registry's current parameters. Before any model was published, or when the published one cannot
+be used (another embedding size, unreadable bytes), the initial parameters are served: they
+rank like cosine similarity, so the scorer answers sensibly before any training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import structlog
+from neo4j import AsyncDriver
+
+from pml_common.embedding import Embedder
+from pml_common.model_registry import ModelRecord, ModelRegistry
+from pml_common.tool_graph import ToolGraph, read_tool_graph
+from pml_shgat.hierarchy import Hierarchy
+from pml_shgat.params import Params, ShgatConfig, from_bytes, init_params, make_config
+from pml_shgat.serving import ServingModel
+
+#: Version reported while a tenant has no usable published model.
+UNTRAINED = "untrained"
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class TenantModel:
+    tenant_id: str
+    model: ServingModel
+    #: The published model being served; None while the initial parameters are served.
+    record: ModelRecord | None
+    built_at: datetime
+    #: Digest of the graph it was built from, and the registry's version at that time (even
+    #: one that could not be used): with both unchanged a rebuild would give the same model.
+    graph_digest: bytes
+    registry_version: str | None
+
+    @property
+    def version(self) -> str:
+        return self.record.version if self.record is not None else UNTRAINED
+
+    @property
+    def is_empty(self) -> bool:
+        return self.model.hierarchy.num_nodes == 0
+
+
+class ModelBuilder:
+    """Builds `TenantModel`s from Neo4j (read only), the embedder and the model registry."""
+
+    def __init__(
+        self,
+        driver: AsyncDriver,
+        database: str,
+        embedder: Embedder,
+        registry: ModelRegistry,
+        key_dim: int,
+    ) -> None:
+        self._driver = driver
+        self._database = database
+        self._embedder = embedder
+        self._registry = registry
+        self._key_dim = key_dim
+
+    @property
+    def dim(self) -> int:
+        return self._embedder.dim
+
+    async def build(self, tenant: str, current: TenantModel | None = None) -> TenantModel:
+        """The tenant's model as the stores say now; `current` itself when nothing changed.
+
+        Reusing `current` matters because the trainer announces every execution with
+        `GraphChanged` although most change statistics only, which the model does not use:
+        those cost two graph queries and one small registry read, not a propagation.
+        """
+        graph = await read_tool_graph(self._driver, self._database, tenant, self._embedder)
+        digest = graph_digest(graph)
+        if current is not None and current.graph_digest == digest:
+            record = await self._registry.current_record(tenant)
+            if _version_of(record) == current.registry_version:
+                return current
+        published = await self._registry.current(tenant)
+        # Hierarchy, initial parameters (an SVD) and propagation are numpy work that would
+        # stall every request on the event loop for a large tenant.
+        return await asyncio.to_thread(self._assemble, tenant, graph, digest, published)
+
+    def _assemble(
+        self,
+        tenant: str,
+        graph: ToolGraph,
+        digest: bytes,
+        published: tuple[ModelRecord, bytes] | None,
+    ) -> TenantModel:
+        hierarchy = Hierarchy.build(graph.tool_vectors, graph.capabilities, dim=self.dim)
+        usable = self._usable(tenant, published)
+        if usable is None:
+            config = make_config(self.dim, self._key_dim, hierarchy.num_nodes)
+            params = init_params(config, hierarchy.features, hierarchy.num_levels)
+            record = None
+        else:
+            record, config, params = usable
+        return TenantModel(
+            tenant_id=tenant,
+            model=ServingModel(config, params, hierarchy, record.version if record else UNTRAINED),
+            record=record,
+            built_at=datetime.now(UTC),
+            graph_digest=digest,
+            registry_version=published[0].version if published else None,
+        )
+
+    def _usable(
+        self, tenant: str, published: tuple[ModelRecord, bytes] | None
+    ) -> tuple[ModelRecord, ShgatConfig, Params] | None:
+        """The published model's parameters, or None (logged) when they cannot be served."""
+        if published is None:
+            return None
+        record, blob = published
+        try:
+            config, params = from_bytes(blob)
+        except Exception as exc:  # any unreadable blob: the tenant must still be served
+            log.error(
+                "scorer.model_unreadable",
+                tenant=tenant,
+                version=record.version,
+                error=f"{type(exc).__name__}: {exc}",
+                serving=UNTRAINED,
+            )
+            return None
+        if config.dim != self.dim:
+            log.error(
+                "scorer.model_dim_mismatch",
+                tenant=tenant,
+                version=record.version,
+                model_dim=config.dim,
+                embedder_dim=self.dim,
+                serving=UNTRAINED,
+            )
+            return None
+        return record, config, params
+
+
+def graph_digest(graph: ToolGraph) -> bytes:
+    """What of the graph the model depends on: nodes, their texts and memberships."""
+    rows = (
+        tuple((t.id, t.name, t.description) for t in graph.tools),
+        tuple((c.id, c.name, c.description, c.tools, c.capabilities) for c in graph.capabilities),
+    )
+    # repr of tuples of strings is unambiguous (quoted, escaped), so equal digests mean equal rows.
+    return hashlib.blake2b(repr(rows).encode(), digest_size=16).digest()
+
+
+def _version_of(record: ModelRecord | None) -> str | None:
+    return record.version if record is not None else None

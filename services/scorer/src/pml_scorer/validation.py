@@ -1,0 +1,102 @@
+"""Validation of ScorerService requests: every rule that turns bad input into INVALID_ARGUMENT.
+
+Each function returns the clean value or raises `RequestError` (via `invalid_argument`) with a
+message naming the field and what is wrong, so a caller can fix the request from the message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pml.v1 import scorer_pb2
+from pml_common.grpc_server import invalid_argument
+from pml_common.settings import Settings
+
+DEFAULT_TOP_K = 10
+MAX_TEXT = 512
+#: Longest path PredictPathSuccess scores (an execution has at most 1000 steps).
+MAX_PATH = 1000
+
+
+def tenant_of(tenant_id: str, settings: Settings) -> str:
+    tenant = tenant_id.strip()
+    if len(tenant) > MAX_TEXT:
+        raise invalid_argument(f"tenant_id is longer than {MAX_TEXT} characters")
+    return tenant or settings.default_tenant
+
+
+def text_of(text: str, settings: Settings, field: str = "intent") -> str:
+    value = text.strip()
+    if not value:
+        raise invalid_argument(f"{field} must not be empty")
+    if len(text) > settings.max_query_chars:
+        raise invalid_argument(
+            f"{field} is {len(text)} characters long; the maximum is {settings.max_query_chars}"
+        )
+    return value
+
+
+def embedding_of(values: Sequence[float], dim: int) -> NDArray[np.float32]:
+    if len(values) != dim:
+        raise invalid_argument(
+            f"embedding has {len(values)} values; this scorer's embeddings have {dim}"
+        )
+    vector = np.asarray(values, dtype=np.float32)
+    if not np.isfinite(vector).all():
+        raise invalid_argument("embedding holds NaN or infinite values")
+    if not np.any(vector):
+        raise invalid_argument("embedding is all zeros (it has no direction to score against)")
+    return vector
+
+
+def intent_of(
+    request: scorer_pb2.ScoreRequest, settings: Settings, dim: int
+) -> str | NDArray[np.float32]:
+    """The request's intent: its text (to embed) or the embedding it gives directly."""
+    which = request.WhichOneof("intent")
+    if which == "text":
+        return text_of(request.text, settings, "intent text")
+    if which == "embedding":
+        return embedding_of(request.embedding.values, dim)
+    raise invalid_argument("intent must be given: set `text` or `embedding`")
+
+
+def top_k_of(value: int, settings: Settings, field: str = "top_k") -> int:
+    if value == 0:
+        return min(DEFAULT_TOP_K, settings.max_limit)
+    if not 1 <= value <= settings.max_limit:
+        raise invalid_argument(
+            f"{field} must be between 1 and {settings.max_limit} (0 means {DEFAULT_TOP_K}); "
+            f"got {value}"
+        )
+    return value
+
+
+def level_of(request: scorer_pb2.ScoreRequest) -> int | None:
+    """The capability level to keep, or None for all levels."""
+    if not request.HasField("level"):
+        return None
+    if request.level < 0:
+        raise invalid_argument(f"level must be 0 or more; got {request.level}")
+    return request.level
+
+
+def no_level(request: scorer_pb2.ScoreRequest) -> None:
+    """ScoreTools: tools have no hierarchy level, so a level filter is a mistake."""
+    if request.HasField("level"):
+        raise invalid_argument("level applies to capabilities only; leave it unset for tools")
+
+
+def path_of(path: Sequence[str]) -> list[str]:
+    if len(path) > MAX_PATH:
+        raise invalid_argument(f"path holds {len(path)} node ids; the maximum is {MAX_PATH}")
+    bad = [i for i, node in enumerate(path) if not node.strip() or len(node) > MAX_TEXT]
+    if bad:
+        shown = ", ".join(f"path[{i}]" for i in bad[:10])
+        raise invalid_argument(
+            f"path ids must be non-empty (at most {MAX_TEXT} characters); invalid: {shown}"
+        )
+    return list(path)

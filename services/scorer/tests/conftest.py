@@ -1,0 +1,55 @@
+"""The scorer running in-process on a real gRPC port, with the real Redis, Neo4j and embedder."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import grpc
+import neo4j
+import pytest
+import redis.asyncio
+
+from pml.v1 import scorer_pb2_grpc
+from pml_common.model_registry import ModelRegistry
+from pml_common.settings import Settings
+from pml_common.stores import neo4j_driver, redis_client
+
+if TYPE_CHECKING:
+    from pml_scorer.main import ScorerApp
+
+
+@pytest.fixture
+async def app(settings: Settings) -> AsyncIterator[ScorerApp]:
+    from pml_scorer.main import ScorerApp
+
+    application = ScorerApp(settings, port=0)
+    await application.start()
+    yield application
+    await application.stop()
+
+
+@pytest.fixture
+async def stub(app: ScorerApp) -> AsyncIterator[scorer_pb2_grpc.ScorerServiceStub]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as channel:
+        yield scorer_pb2_grpc.ScorerServiceStub(channel)
+
+
+@pytest.fixture
+async def graph_db(settings: Settings) -> AsyncIterator[neo4j.AsyncDriver]:
+    """A Neo4j driver for tests that write the graph the way the trainer does."""
+    driver = neo4j_driver(settings)
+    yield driver
+    await driver.close()
+
+
+@pytest.fixture
+async def redis_db(settings: Settings) -> AsyncIterator[redis.asyncio.Redis]:
+    client = redis_client(settings)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def registry(redis_db: redis.asyncio.Redis, settings: Settings) -> ModelRegistry:
+    return ModelRegistry(redis_db, settings.model_keep_versions)

@@ -1,0 +1,333 @@
+"""ScorerService over a real gRPC server (port 0), real embedder, Redis and Neo4j.
+
+The scores served are compared with a `ServingModel` built independently here from the same
+graph and parameters: the service must add nothing and lose nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+import neo4j
+import numpy as np
+import pytest
+import redis.asyncio
+
+from pml.v1 import scorer_pb2, scorer_pb2_grpc
+from pml_common.events import ModelPublished
+from pml_common.model_registry import ModelRegistry
+from pml_common.settings import Settings
+from pml_scorer.main import ScorerApp
+from pml_shgat.serving import ScoredNode, ServingModel
+
+from .helpers import (
+    CAPABILITIES,
+    TOOLS,
+    eventually,
+    hierarchy_of,
+    initial,
+    publish_model,
+    variant,
+    write_catalog,
+)
+
+INTENT = "take a screenshot of a web page"
+
+
+def assert_same(served: Any, expected: list[ScoredNode]) -> None:
+    """Served `Scored` messages equal the reference model's scores, in the same order."""
+    assert [s.id for s in served] == [e.id for e in expected]
+    assert [s.level for s in served] == [e.level for e in expected]
+    np.testing.assert_allclose([s.score for s in served], [e.score for e in expected], atol=1e-9)
+
+
+async def status_of(call: Awaitable[Any]) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    return info.value.code(), info.value.details() or ""
+
+
+async def reference(
+    app: ScorerApp, graph_db: neo4j.AsyncDriver, settings: Settings, tenant: str
+) -> tuple[ServingModel, np.ndarray]:
+    """The untrained model of the tenant and the intent's embedding, built here."""
+    hierarchy = await hierarchy_of(graph_db, settings, tenant, app.embedder)
+    config, params = initial(settings, hierarchy)
+    vector = (await app.embedder.embed_queries([INTENT]))[0]
+    return ServingModel(config, params, hierarchy), vector
+
+
+async def test_untrained_scores_equal_the_serving_model(
+    app: ScorerApp,
+    stub: scorer_pb2_grpc.ScorerServiceStub,
+    graph_db: neo4j.AsyncDriver,
+    settings: Settings,
+    tenant: str,
+) -> None:
+    await write_catalog(graph_db, tenant)
+    model, vector = await reference(app, graph_db, settings, tenant)
+
+    caps = await stub.ScoreCapabilities(
+        scorer_pb2.ScoreRequest(tenant_id=tenant, text=INTENT, top_k=100), timeout=30
+    )
+    assert caps.model_version == "untrained"
+    assert_same(caps.scores, model.score_capabilities(vector, 100))
+    assert len(caps.scores) == len(CAPABILITIES)
+    # The untrained model ranks like cosine similarity: the screenshot capability wins.
+    assert caps.scores[0].id == "cap:screenshot_page"
+
+    tools = await stub.ScoreTools(
+        scorer_pb2.ScoreRequest(tenant_id=tenant, text=INTENT, top_k=3), timeout=30
+    )
+    assert_same(tools.scores, model.score_tools(vector, 3))
+    assert tools.scores[0].id == "playwright:browser_take_screenshot"
+    assert all(s.level == -1 for s in tools.scores)
+
+    # An embedding given directly scores like the text it was made from.
+    by_vector = await stub.ScoreCapabilities(
+        scorer_pb2.ScoreRequest(
+            tenant_id=tenant, embedding=scorer_pb2.Embedding(values=vector.tolist()), top_k=100
+        ),
+        timeout=30,
+    )
+    assert_same(by_vector.scores, model.score_capabilities(vector, 100))
+
+
+async def test_level_filter_top_by_level_and_defaults(
+    app: ScorerApp,
+    stub: scorer_pb2_grpc.ScorerServiceStub,
+    graph_db: neo4j.AsyncDriver,
+    settings: Settings,
+    tenant: str,
+) -> None:
+    await write_catalog(graph_db, tenant)
+    model, vector = await reference(app, graph_db, settings, tenant)
+
+    level1 = await stub.ScoreCapabilities(
+        scorer_pb2.ScoreRequest(tenant_id=tenant, text=INTENT, level=1), timeout=30
+    )
+    assert [s.id for s in level1.scores] == ["cap:publish"]
+    assert_same(level1.scores, model.score_capabilities(vector, 10, level=1))
+    level0 = await stub.ScoreCapabilities(
+        scorer_pb2.ScoreRequest(tenant_id=tenant, text=INTENT, level=0), timeout=30
+    )
+    assert {s.id for s in level0.scores} == {c[0] for c in CAPABILITIES} - {"cap:publish"}
+    assert all(s.level == 0 for s in level0.scores)
+    beyond = await stub.ScoreCapabilities(
+        scorer_pb2.ScoreRequest(tenant_id=tenant, text=INTENT, level=7), timeout=30
+    )
+    assert list(beyond.scores) == []
+
+    # top_k 0 means the default (10): every tool of this small catalog.
+    default = await stub.ScoreTools(
+        scorer_pb2.ScoreRequest(tenant_id=tenant, text=INTENT), timeout=30
+    )
+    assert len(default.scores) == len(TOOLS)
+
+    by_level = await stub.TopByLevel(
+        scorer_pb2.TopByLevelRequest(tenant_id=tenant, intent=INTENT, k=2), timeout=30
+    )
+    expected = model.top_by_level(vector, 2)
+    assert [lv.level for lv in by_level.levels] == [0, 1]
+    for lv in by_level.levels:
+        assert_same(lv.scores, expected[lv.level])
+    assert by_level.model_version == "untrained"
+
+
+async def test_predict_path_success(
+    app: ScorerApp,
+    stub: scorer_pb2_grpc.ScorerServiceStub,
+    graph_db: neo4j.AsyncDriver,
+    settings: Settings,
+    tenant: str,
+) -> None:
+    await write_catalog(graph_db, tenant)
+    model, vector = await reference(app, graph_db, settings, tenant)
+    path = ["playwright:browser_navigate", "playwright:browser_take_screenshot", "cap:publish"]
+
+    reply = await stub.PredictPathSuccess(
+        scorer_pb2.PredictPathSuccessRequest(tenant_id=tenant, intent=INTENT, path=path),
+        timeout=30,
+    )
+    assert reply.probability == pytest.approx(model.predict_path_success(vector, path), abs=1e-9)
+    assert reply.model_version == "untrained"
+    # Later steps weigh more: 1, 1.5, 2.
+    scores = model.node_scores(vector, path)
+    assert reply.probability == pytest.approx(
+        (scores[0] + 1.5 * scores[1] + 2 * scores[2]) / 4.5, abs=1e-9
+    )
+
+    unknown = await stub.PredictPathSuccess(
+        scorer_pb2.PredictPathSuccessRequest(tenant_id=tenant, intent=INTENT, path=["x:y"]),
+        timeout=30,
+    )
+    assert unknown.probability == pytest.approx(0.5)
+    empty = await stub.PredictPathSuccess(
+        scorer_pb2.PredictPathSuccessRequest(tenant_id=tenant, intent=INTENT), timeout=30
+    )
+    assert empty.probability == pytest.approx(0.5)
+
+
+async def test_model_info_untrained_then_published(
+    app: ScorerApp,
+    stub: scorer_pb2_grpc.ScorerServiceStub,
+    graph_db: neo4j.AsyncDriver,
+    redis_db: redis.asyncio.Redis,
+    registry: ModelRegistry,
+    settings: Settings,
+    tenant: str,
+) -> None:
+    await write_catalog(graph_db, tenant)
+    info = await stub.ModelInfo(scorer_pb2.ModelInfoRequest(tenant_id=tenant), timeout=30)
+    assert info.version == "untrained"
+    assert info.fencing_token == 0
+    assert info.trained_at == ""
+    assert dict(info.metrics) == {}
+    assert (info.num_tools, info.num_capabilities, info.num_levels) == (
+        len(TOOLS),
+        len(CAPABILITIES),
+        2,
+    )
+    assert info.num_heads == 4  # a small graph (seed 000: 4-16 heads by size)
+
+    hierarchy = await hierarchy_of(graph_db, settings, tenant, app.embedder)
+    config, params = initial(settings, hierarchy)
+    trained = variant(config, params, seed=1)
+    record = await publish_model(
+        registry, redis_db, tenant, config, trained, {"loss": 0.25, "accuracy": 0.8}
+    )
+    await app.bus.publish(
+        ModelPublished.create(
+            tenant_id=tenant,
+            model_version=record.version,
+            fencing_token=record.fencing_token,
+            metrics=record.metrics,
+        )
+    )
+    info = await eventually(
+        lambda: stub.ModelInfo(scorer_pb2.ModelInfoRequest(tenant_id=tenant), timeout=30),
+        lambda i: i.version == record.version,
+    )
+    assert info.fencing_token == record.fencing_token
+    assert datetime.fromisoformat(info.trained_at) == record.trained_at
+    assert record.trained_at.tzinfo == UTC
+    assert dict(info.metrics) == pytest.approx({"loss": 0.25, "accuracy": 0.8})
+
+    # And the published parameters are what scores now.
+    vector = (await app.embedder.embed_queries([INTENT]))[0]
+    served = await stub.ScoreCapabilities(
+        scorer_pb2.ScoreRequest(tenant_id=tenant, text=INTENT, top_k=100), timeout=30
+    )
+    assert served.model_version == record.version
+    expected = ServingModel(config, trained, hierarchy).score_capabilities(vector, 100)
+    assert_same(served.scores, expected)
+    untrained = ServingModel(config, params, hierarchy).score_capabilities(vector, 100)
+    assert not np.allclose([s.score for s in served.scores], [s.score for s in untrained])
+
+
+async def test_unknown_tenant_gets_empty_scores_not_an_error(
+    app: ScorerApp, stub: scorer_pb2_grpc.ScorerServiceStub, tenant: str
+) -> None:
+    request = scorer_pb2.ScoreRequest(tenant_id=tenant, text=INTENT)
+    caps = await stub.ScoreCapabilities(request, timeout=30)
+    tools = await stub.ScoreTools(request, timeout=30)
+    assert (list(caps.scores), caps.model_version) == ([], "untrained")
+    assert (list(tools.scores), tools.model_version) == ([], "untrained")
+    by_level = await stub.TopByLevel(
+        scorer_pb2.TopByLevelRequest(tenant_id=tenant, intent=INTENT), timeout=30
+    )
+    assert list(by_level.levels) == []
+    info = await stub.ModelInfo(scorer_pb2.ModelInfoRequest(tenant_id=tenant), timeout=30)
+    assert (info.version, info.num_tools, info.num_capabilities, info.num_levels) == (
+        "untrained",
+        0,
+        0,
+        0,
+    )
+    # Not kept: requests naming arbitrary tenants do not grow the scorer's memory.
+    assert tenant not in app.snapshots.loaded()
+
+
+async def test_empty_tenant_id_means_the_default_tenant(
+    app: ScorerApp,
+    stub: scorer_pb2_grpc.ScorerServiceStub,
+    graph_db: neo4j.AsyncDriver,
+    settings: Settings,
+) -> None:
+    await write_catalog(graph_db, settings.default_tenant)
+    try:
+        reply = await stub.ScoreTools(scorer_pb2.ScoreRequest(text=INTENT, top_k=1), timeout=30)
+        assert reply.scores[0].id == "playwright:browser_take_screenshot"
+        assert settings.default_tenant in app.snapshots.loaded()
+    finally:
+        await graph_db.execute_query(
+            "MATCH (n {tenant_id: $t}) DETACH DELETE n", {"t": settings.default_tenant}
+        )
+
+
+async def test_bad_input_is_invalid_argument_with_a_message(
+    app: ScorerApp, stub: scorer_pb2_grpc.ScorerServiceStub, settings: Settings, tenant: str
+) -> None:
+    score = stub.ScoreCapabilities
+    dim = app.embedder.dim
+    cases: list[tuple[Awaitable[Any], str]] = [
+        (score(scorer_pb2.ScoreRequest(tenant_id=tenant)), "intent must be given"),
+        (score(scorer_pb2.ScoreRequest(tenant_id=tenant, text="   ")), "must not be empty"),
+        (
+            score(scorer_pb2.ScoreRequest(text="x" * (settings.max_query_chars + 1))),
+            f"the maximum is {settings.max_query_chars}",
+        ),
+        (
+            score(scorer_pb2.ScoreRequest(embedding=scorer_pb2.Embedding(values=[0.1] * 3))),
+            f"embedding has 3 values; this scorer's embeddings have {dim}",
+        ),
+        (
+            score(scorer_pb2.ScoreRequest(embedding=scorer_pb2.Embedding(values=[0.0] * dim))),
+            "all zeros",
+        ),
+        (
+            score(
+                scorer_pb2.ScoreRequest(embedding=scorer_pb2.Embedding(values=[float("nan")] * dim))
+            ),
+            "NaN",
+        ),
+        (
+            score(scorer_pb2.ScoreRequest(text="x", top_k=settings.max_limit + 1)),
+            f"top_k must be between 1 and {settings.max_limit}",
+        ),
+        (score(scorer_pb2.ScoreRequest(text="x", top_k=-1)), "top_k must be between"),
+        (score(scorer_pb2.ScoreRequest(text="x", level=-1)), "level must be 0 or more"),
+        (
+            stub.ScoreTools(scorer_pb2.ScoreRequest(text="x", level=0)),
+            "level applies to capabilities only",
+        ),
+        (score(scorer_pb2.ScoreRequest(tenant_id="t" * 513, text="x")), "tenant_id is longer"),
+        (stub.TopByLevel(scorer_pb2.TopByLevelRequest(intent="")), "intent must not be empty"),
+        (
+            stub.TopByLevel(scorer_pb2.TopByLevelRequest(intent="x", k=settings.max_limit + 1)),
+            "k must be between 1 and",
+        ),
+        (
+            stub.PredictPathSuccess(
+                scorer_pb2.PredictPathSuccessRequest(intent="x", path=["a:b"] * 1001)
+            ),
+            "path holds 1001 node ids; the maximum is 1000",
+        ),
+        (
+            stub.PredictPathSuccess(
+                scorer_pb2.PredictPathSuccessRequest(intent="x", path=["a:b", " "])
+            ),
+            "invalid: path[1]",
+        ),
+        (
+            stub.PredictPathSuccess(scorer_pb2.PredictPathSuccessRequest(path=["a:b"])),
+            "intent must not be empty",
+        ),
+    ]
+    for call, message in cases:
+        code, details = await status_of(call)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+        assert message in details, details

@@ -1,0 +1,174 @@
+"""ModelSnapshots: lazy loading, coalesced rebuilds, whole swaps, drops.
+
+The builder is a stand-in that the test releases step by step, so every interleaving of
+requests, events and builds checked here is exact rather than timing-dependent. (The real
+builder against the real stores is covered by test_models and test_hot_swap.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import numpy as np
+import pytest
+
+from pml_common.model_registry import ModelRecord
+from pml_scorer.models import TenantModel
+from pml_scorer.snapshots import ModelSnapshots
+from pml_shgat.hierarchy import Hierarchy
+from pml_shgat.params import init_params, make_config
+from pml_shgat.serving import ServingModel
+
+DIM = 16
+
+
+def tenant_model(tenant: str, version: int, *, empty: bool = False) -> TenantModel:
+    tools = {} if empty else {"a:b": np.ones(DIM)}
+    hierarchy = Hierarchy.build(tools, [], dim=DIM)
+    config = make_config(DIM, 8, hierarchy.num_nodes)
+    record = ModelRecord(
+        tenant_id=tenant, version=f"v{version}", fencing_token=version, trained_at=datetime.now(UTC)
+    )
+    return TenantModel(
+        tenant_id=tenant,
+        model=ServingModel(config, init_params(config, hierarchy.features, 0), hierarchy),
+        record=record,
+        built_at=datetime.now(UTC),
+        graph_digest=b"",
+        registry_version=record.version,
+    )
+
+
+@dataclass
+class GatedBuilder:
+    """Builds version 1, 2, 3… each only once the test lets it finish."""
+
+    empty: bool = False
+    started: int = 0
+    finished: int = 0
+    fail_next: bool = False
+    gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(0))
+    begun: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def build(self, tenant: str, current: TenantModel | None = None) -> TenantModel:
+        self.started += 1
+        self.begun.set()
+        await self.gate.acquire()
+        if self.fail_next:
+            self.fail_next = False
+            raise ConnectionError("neo4j is down")
+        self.finished += 1
+        return tenant_model(tenant, self.finished, empty=self.empty)
+
+    def release(self, builds: int = 1) -> None:
+        for _ in range(builds):
+            self.gate.release()
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_first_requests_share_one_load_and_then_read_without_building() -> None:
+    builder = GatedBuilder()
+    snapshots = ModelSnapshots(builder)
+    requests = [asyncio.create_task(snapshots.get("t")) for _ in range(5)]
+    await settle()
+    assert builder.started == 1
+    builder.release()
+    models = await asyncio.gather(*requests)
+    assert {m.version for m in models} == {"v1"}
+    assert all(m is models[0] for m in models)
+    assert await snapshots.get("t") is models[0]
+    assert builder.started == 1
+    assert snapshots.loaded() == ["t"]
+
+
+async def test_refreshes_during_a_build_coalesce_into_one_more_build() -> None:
+    builder = GatedBuilder()
+    snapshots = ModelSnapshots(builder)
+    builder.release()
+    await snapshots.get("t")
+
+    first = asyncio.create_task(snapshots.refresh("t"))
+    await settle()
+    assert builder.started == 2  # building v2
+    # Three events arrive while v2 builds: they need a build that starts after them.
+    late = [asyncio.create_task(snapshots.refresh("t")) for _ in range(3)]
+    await settle()
+    assert builder.started == 2
+    # Requests keep being answered by the installed model meanwhile.
+    assert (await snapshots.get("t")).version == "v1"
+    builder.release()
+    await first
+    assert (await snapshots.get("t")).version == "v2"
+    await settle()
+    assert builder.started == 3  # one build for the three late events
+    assert not any(t.done() for t in late)  # they return only once their change is served
+    builder.release()
+    await asyncio.gather(*late)
+    assert (await snapshots.get("t")).version == "v3"
+    assert builder.started == 3
+
+
+async def test_refresh_ignores_tenants_not_served() -> None:
+    builder = GatedBuilder()
+    snapshots = ModelSnapshots(builder)
+    await snapshots.refresh("elsewhere")
+    assert builder.started == 0
+
+
+async def test_an_event_during_the_first_load_triggers_a_rebuild() -> None:
+    builder = GatedBuilder()
+    snapshots = ModelSnapshots(builder)
+    load = asyncio.create_task(snapshots.get("t"))
+    await settle()
+    event = asyncio.create_task(snapshots.refresh("t"))  # the load may have read stale data
+    builder.release(2)
+    assert (await load).version == "v1"
+    await event
+    assert (await snapshots.get("t")).version == "v2"
+
+
+async def test_a_failed_build_fails_its_waiters_and_keeps_the_model() -> None:
+    builder = GatedBuilder()
+    snapshots = ModelSnapshots(builder)
+    builder.release()
+    await snapshots.get("t")
+    builder.fail_next = True
+    builder.release()
+    with pytest.raises(ConnectionError):
+        await snapshots.refresh("t")
+    assert (await snapshots.get("t")).version == "v1"
+    builder.release()
+    await snapshots.refresh("t")  # the bus's retry
+    assert (await snapshots.get("t")).version == "v2"
+
+
+async def test_drop_forgets_and_a_build_in_flight_does_not_resurrect() -> None:
+    builder = GatedBuilder()
+    snapshots = ModelSnapshots(builder)
+    builder.release()
+    await snapshots.get("t")
+    refresh = asyncio.create_task(snapshots.refresh("t"))
+    await settle()
+    snapshots.drop("t")
+    builder.release()
+    await refresh
+    assert snapshots.peek("t") is None
+    assert snapshots.loaded() == []
+    builder.release()
+    assert (await snapshots.get("t")).version == "v3"  # loaded fresh on the next request
+
+
+async def test_empty_tenants_are_answered_but_not_kept() -> None:
+    builder = GatedBuilder(empty=True)
+    snapshots = ModelSnapshots(builder)
+    builder.release()
+    model = await snapshots.get("nobody")
+    assert model.is_empty
+    assert snapshots.peek("nobody") is None
+    assert snapshots._slots == {}  # no bookkeeping left behind either
