@@ -12,7 +12,7 @@ from opentelemetry.instrumentation.grpc.grpcext import intercept_channel
 from rich.console import Console
 from rich.table import Table
 
-from pml.v1 import common_pb2, search_pb2, search_pb2_grpc
+from pml.v1 import common_pb2, scorer_pb2_grpc, search_pb2, search_pb2_grpc
 from pml_common.bus import EventBus
 from pml_common.events import Event, ToolSpec
 from pml_common.settings import Settings
@@ -31,6 +31,10 @@ def channel(address: str, settings: Settings) -> grpc.Channel:
 
 def search_stub(settings: Settings) -> search_pb2_grpc.SearchServiceStub:
     return search_pb2_grpc.SearchServiceStub(channel(settings.search_addr, settings))
+
+
+def scorer_stub(settings: Settings) -> scorer_pb2_grpc.ScorerServiceStub:
+    return scorer_pb2_grpc.ScorerServiceStub(channel(settings.scorer_addr, settings))
 
 
 def tool_message(tool: ToolSpec) -> common_pb2.Tool:

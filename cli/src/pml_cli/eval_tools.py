@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -78,7 +78,8 @@ def evaluate_tools(
         try:
             with console.status(f"registering {len(tools)} tools…"):
                 client.register_tools(live, tenant, tools)
-            metrics = _run_queries(live, tenant, method, queries, console)
+            rank = ranker(live, tenant, method)
+            metrics = rank_queries(rank, queries, ToolMetrics(), console, f"{method}: queries")
         finally:
             client.search_stub(live).DeleteTenant(
                 search_pb2.DeleteTenantRequest(tenant_id=tenant), timeout=120
@@ -86,20 +87,23 @@ def evaluate_tools(
     return {"method": method, **metrics.result()}
 
 
-def _run_queries(
-    settings: Settings, tenant: str, method: str, queries: list[ToolQuery], console: Console
+def rank_queries(
+    rank: Callable[[str], list[str]],
+    queries: Sequence[ToolQuery],
+    metrics: ToolMetrics,
+    console: Console,
+    label: str,
 ) -> ToolMetrics:
-    rank = _ranker(settings, tenant, method)
-    metrics = ToolMetrics()
+    """Rank every query (4 in flight) and add its result to `metrics`."""
     with Progress(console=console, transient=True) as progress, ThreadPoolExecutor(4) as pool:
-        task = progress.add_task(f"{method}: queries", total=len(queries))
+        task = progress.add_task(label, total=len(queries))
         for query, ranked in zip(queries, pool.map(lambda q: rank(q.query), queries), strict=True):
             metrics.add(ranked, query.relevant)
             progress.advance(task)
     return metrics
 
 
-def _ranker(settings: Settings, tenant: str, method: str) -> Callable[[str], list[str]]:
+def ranker(settings: Settings, tenant: str, method: str) -> Callable[[str], list[str]]:
     stub = client.search_stub(settings)
     tool_kind = [search_pb2.NODE_KIND_TOOL]
 

@@ -157,9 +157,14 @@ def _port_of(url: str) -> int:
 
 
 @contextmanager
-def running_system(settings: Settings, console: Console) -> Iterator[Settings]:
-    """The settings of a reachable system: the running one, or a private one started here."""
-    if _reachable(settings.search_addr):
+def running_system(
+    settings: Settings, console: Console, services: Sequence[str] = ("search", "trainer")
+) -> Iterator[Settings]:
+    """The settings of a reachable system: the running one, or a private one started here.
+
+    `services` are those the caller needs; a running system must answer on all of them.
+    """
+    if all(_reachable(getattr(settings, f"{name}_addr")) for name in services if name != "trainer"):
         yield settings
         return
     with tempfile.TemporaryDirectory(prefix="pml-eval-") as tmp:
@@ -167,7 +172,7 @@ def running_system(settings: Settings, console: Console) -> Iterator[Settings]:
         try:
             with console.status("no PML running: starting a private one (about a minute)…"):
                 stack.start_stores()
-                stack.start_services(["search", "trainer"])
+                stack.start_services(list(dict.fromkeys(["search", "trainer", *services])))
             yield stack.settings
         finally:
             stack.stop()

@@ -175,15 +175,30 @@ def publish_execution(
 @eval_app.command("tools")
 def eval_tools(
     data: Annotated[Path, typer.Option(help="Folder with catalog.jsonl and queries.jsonl.")],
-    method: Annotated[str, typer.Option(help="cosine | unified | hybrid")] = "unified",
+    method: Annotated[
+        str, typer.Option(help="cosine | unified | hybrid; with --folds: shgat | cosine")
+    ] = "unified",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     max_queries: Annotated[int | None, typer.Option(help="Evaluate the first N only.")] = None,
+    folds: Annotated[
+        int | None,
+        typer.Option(help="K-fold: learn from K-1 folds' queries as executions, test on one."),
+    ] = None,
+    min_relevant: Annotated[
+        int, typer.Option(help="Keep queries with at least this many relevant tools.")
+    ] = 1,
 ) -> None:
     """Tool retrieval metrics of one method on DATA, through the running system."""
+    from pml_cli.eval_folds import evaluate_folds
     from pml_cli.eval_tools import EvalError, evaluate_tools
 
     try:
-        result = evaluate_tools(Settings(), data, method, max_queries, err)
+        if folds is not None:
+            result = evaluate_folds(Settings(), data, method, folds, min_relevant, max_queries, err)
+        elif min_relevant != 1:
+            raise EvalError("--min-relevant needs --folds")
+        else:
+            result = evaluate_tools(Settings(), data, method, max_queries, err)
     except EvalError as exc:
         fail(str(exc))
     except grpc.RpcError as exc:
@@ -211,6 +226,29 @@ def bench_search(
     else:
         for key, value in result.items():
             out.print(f"{key:>16}: {value}")
+
+
+@bench_app.command("scorer")
+def bench_scorer(
+    capabilities: Annotated[
+        int, typer.Option(help="Capabilities in the scored hierarchy.")
+    ] = 100_000,
+    requests: Annotated[int, typer.Option(help="Measured ScoreCapabilities calls.")] = 1000,
+    rounds: Annotated[int, typer.Option(help="Executions → served model measurements.")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """SHGAT scoring latency, training step cost, and executions-to-serving time."""
+    from pml_cli.bench_scorer import bench_scorer as run_bench
+
+    try:
+        result = run_bench(Settings(), capabilities, requests, rounds, err)
+    except grpc.RpcError as exc:
+        rpc_failure(exc)
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+    else:
+        for key, value in result.items():
+            out.print(f"{key:>22}: {value}")
 
 
 @config_app.command("docs")

@@ -78,29 +78,39 @@ class LearningLoop:
         self._rng = np.random.default_rng(config.seed)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Acquire the lock, train pending tenants while it holds, and start over when lost."""
+        """Acquire the lock, train what is pending, release; repeat until `stop`.
+
+        The lock is released after every pass that trained something, and taken again after
+        a random pause, so that replicas share the work and none becomes a single point of
+        slowness; tokens grow with every hand-over, which is what fencing relies on.
+        """
         while not stop.is_set():
             lease = await self._lock.acquire(self._config.poll_s, stop)
             if lease is None:
                 return
             try:
                 async with self._lock.hold(lease):
-                    await self._train_while_held(lease, stop)
+                    await self._train_one_pass(lease, stop)
             except Exception as exc:  # a store outage must not end learning for good
                 log.warning("learning.interrupted", error=repr(exc), token=lease.token)
-                await _sleep_unless(stop, self._config.poll_s)
+            await _sleep_unless(stop, self._rng.uniform(0, self._config.poll_s))
 
-    async def _train_while_held(self, lease: Lease, stop: asyncio.Event) -> None:
+    async def _train_one_pass(self, lease: Lease, stop: asyncio.Event) -> None:
+        """Wait (holding the lock) until some tenant is pending, then train each once."""
         while lease.held() and not stop.is_set():
-            for tenant in await self._buffer.pending_tenants(self._config.min_traces):
-                if not lease.held() or stop.is_set():
-                    return
-                try:
-                    await self.train_round(tenant, lease, stop)
-                except RoundAbandoned as exc:
-                    log.warning("learning.round_abandoned", tenant=tenant, reason=str(exc))
-                    return
+            pending = await self._buffer.pending_tenants(self._config.min_traces)
+            if pending:
+                break
             await _sleep_unless(stop, self._config.poll_s, lease.lost)
+        else:
+            return
+        for tenant in pending:
+            if not lease.held() or stop.is_set():
+                return
+            try:
+                await self.train_round(tenant, lease, stop)
+            except RoundAbandoned:
+                return  # logged by the round; the caller waits for the lock again
 
     async def train_round(
         self, tenant: str, lease: Lease, stop: asyncio.Event | None = None
@@ -109,15 +119,36 @@ class LearningLoop:
 
         Raises `RoundAbandoned` when the lease is lost or `stop` is set before the publish.
         """
-        upto = await self._buffer.added_count(tenant)
         started, wall_start = time.perf_counter(), time.time()
+        log.info("learning.round_started", tenant=tenant, token=lease.token, at=wall_start)
+        try:
+            return await self._round(tenant, lease, stop, started, wall_start)
+        except RoundAbandoned as exc:
+            log.warning(
+                "learning.round_abandoned",
+                tenant=tenant,
+                token=lease.token,
+                reason=str(exc),
+                started_at=wall_start,
+                at=time.time(),
+            )
+            raise
+
+    async def _round(
+        self,
+        tenant: str,
+        lease: Lease,
+        stop: asyncio.Event | None,
+        started: float,
+        wall_start: float,
+    ) -> ModelRecord | None:
+        upto = await self._buffer.added_count(tenant)
         hierarchy = await self._hierarchy(tenant)
         if hierarchy.num_nodes == 0:
             await self._buffer.mark_trained(tenant, upto)
             return None
         config, params = await self._starting_point(tenant, hierarchy)
         trainer = ShgatTrainer(config, params, hierarchy, self._config.learning_rate)
-        log.info("learning.round_started", tenant=tenant, token=lease.token, at=wall_start)
         losses, errors = [], []
         for _ in range(self._config.steps):
             _check(lease, stop)
@@ -130,6 +161,8 @@ class LearningLoop:
             "mean_abs_td": float(np.mean(errors[-5:])),
             "steps": float(len(losses)),
             "traces": float(await self._buffer.size(tenant)),
+            # executions received before the round started: all of them could be sampled
+            "traces_seen": float(upto),
             "train_s": time.perf_counter() - started,
         }
         record = await self._publish(tenant, lease, config, trainer.params, metrics)

@@ -1,0 +1,244 @@
+"""`pml bench scorer`: SHGAT scoring latency at scale, training step cost, and learning latency.
+
+- `p50_ms` / `p99_ms`: `ScoreCapabilities` over gRPC (intent given as an embedding, top 10)
+  against a synthetic hierarchy of N capabilities over random tool sets, served by the real
+  servicer, snapshot holder and model (the hierarchy is handed to the scorer directly instead
+  of being read from Neo4j, so the figure is the serving path alone). `inproc_p50_ms` is the
+  model's own time; `build_s` the propagation + key precomputation of that version.
+- `train_step_ms`: one PER training step (32 traces, one example per path node) on a smaller
+  synthetic hierarchy (`train_graph_nodes`).
+- `event_to_serving_s`: through the running system (or a private one), the wall time from
+  publishing `replay_min_traces` executions to the scorer serving a version trained on them;
+  the median of `rounds` measurements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+
+from pml.v1 import common_pb2, scorer_pb2, scorer_pb2_grpc, search_pb2
+from pml_cli import client
+from pml_cli.catalog_files import load_catalog
+from pml_cli.local_stack import running_system
+from pml_common.embedding import build_embedder
+from pml_common.events import ExecutionCompleted, ExecutionStep
+from pml_common.grpc_server import GrpcServer
+from pml_common.settings import Settings
+from pml_common.stores import redis_client
+from pml_scorer.models import TenantModel
+from pml_scorer.service import ScorerServicer
+from pml_scorer.snapshots import ModelSnapshots
+from pml_shgat.hierarchy import CapabilityInput, Hierarchy, normalise_rows
+from pml_shgat.params import init_params, make_config
+from pml_shgat.serving import ServingModel
+from pml_shgat.training import ShgatTrainer, make_batch, path_examples
+
+TENANT = "bench"
+DEMO_CATALOG = Path(__file__).parent / "demo" / "catalog.jsonl"
+TRAIN_BATCH = 32
+
+
+def bench_scorer(
+    settings: Settings,
+    capabilities: int,
+    requests: int,
+    rounds: int,
+    console: Console,
+) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    dim = 512 if settings.embedder == "use" else 384
+    with console.status(f"building a hierarchy of {capabilities} capabilities…"):
+        hierarchy = _synthetic_hierarchy(capabilities, max(100, capabilities // 50), dim, rng)
+        config = make_config(dim, settings.shgat_key_dim, hierarchy.num_nodes)
+        params = init_params(config, hierarchy.features, hierarchy.num_levels)
+        started = time.perf_counter()
+        model = ServingModel(config, params, hierarchy, "bench")
+        build_s = time.perf_counter() - started
+    intents = normalise_rows(rng.standard_normal((64, dim)))
+    inproc = _timed(lambda i: model.score_capabilities(intents[i % 64], 10), 200)
+    latencies = asyncio.run(_grpc_latencies(settings, model, intents, requests, console))
+    result: dict[str, Any] = {
+        "capabilities": capabilities,
+        "tools": hierarchy.num_tools,
+        "heads": config.heads,
+        "key_dim": config.key_dim,
+        "build_s": round(build_s, 2),
+        "p50_ms": _ms(statistics.median(latencies)),
+        "p99_ms": _ms(float(np.percentile(latencies, 99))),
+        "inproc_p50_ms": _ms(statistics.median(inproc)),
+    }
+    result |= _train_step(dim, settings.shgat_key_dim, rng)
+    result |= _event_to_serving(settings, rounds, console)
+    return result
+
+
+def _synthetic_hierarchy(
+    capabilities: int, tools: int, dim: int, rng: np.random.Generator
+) -> Hierarchy:
+    tool_ids = [f"bench:tool{i}" for i in range(tools)]
+    vectors = normalise_rows(rng.standard_normal((tools, dim)))
+    members = rng.integers(0, tools, size=(capabilities, 3))
+    caps = [
+        CapabilityInput(f"cap{c}", None, tools=[tool_ids[i] for i in members[c]])
+        for c in range(capabilities)
+    ]
+    # one capability in ten is a meta-capability over two others: two levels, as in real use
+    for c in range(0, capabilities // 10):
+        caps[c] = CapabilityInput(f"cap{c}", None, capabilities=[f"cap{c + 1}", f"cap{c + 2}"])
+    return Hierarchy.build(dict(zip(tool_ids, vectors, strict=True)), caps)
+
+
+class _FixedBuilder:
+    """Hands the synthetic model to the snapshot holder (no Neo4j at this size)."""
+
+    def __init__(self, model: ServingModel) -> None:
+        self._model = model
+
+    async def build(self, tenant: str, current: TenantModel | None = None) -> TenantModel:
+        return TenantModel(tenant, self._model, None, datetime.now(UTC), b"", None)
+
+
+async def _grpc_latencies(
+    settings: Settings,
+    model: ServingModel,
+    intents: np.ndarray,
+    requests: int,
+    console: Console,
+) -> list[float]:
+    redis = redis_client(settings)
+    server = GrpcServer(settings, 0, "scorer-bench")
+    servicer = ScorerServicer(
+        settings, ModelSnapshots(_FixedBuilder(model)), build_embedder(settings, redis)
+    )
+    server.add(
+        lambda s: scorer_pb2_grpc.add_ScorerServiceServicer_to_server(servicer, s),
+        "pml.v1.ScorerService",
+    )
+    port = await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = scorer_pb2_grpc.ScorerServiceStub(channel)
+            messages = [
+                scorer_pb2.ScoreRequest(
+                    tenant_id=TENANT, embedding=scorer_pb2.Embedding(values=v.tolist()), top_k=10
+                )
+                for v in intents
+            ]
+            await stub.ScoreCapabilities(messages[0], timeout=120)  # loads the tenant
+            latencies = []
+            with Progress(console=console, transient=True) as progress:
+                task = progress.add_task("ScoreCapabilities", total=requests)
+                for i in range(requests):
+                    started = time.perf_counter()
+                    await stub.ScoreCapabilities(messages[i % len(messages)], timeout=30)
+                    latencies.append(time.perf_counter() - started)
+                    progress.advance(task)
+            return latencies
+    finally:
+        await server.stop()
+        await redis.aclose()
+
+
+def _train_step(dim: int, key_dim: int, rng: np.random.Generator) -> dict[str, Any]:
+    hierarchy = _synthetic_hierarchy(1000, 500, dim, rng)
+    config = make_config(dim, key_dim, hierarchy.num_nodes)
+    trainer = ShgatTrainer(config, init_params(config, hierarchy.features, 2), hierarchy)
+    intents = normalise_rows(rng.standard_normal((TRAIN_BATCH, dim)))
+
+    def step(_: int) -> None:
+        caps = rng.integers(0, hierarchy.num_capabilities, TRAIN_BATCH)
+        examples = [
+            e
+            for intent, c in zip(intents, caps, strict=True)
+            for e in path_examples(
+                hierarchy, intent, [], 1.0, capability_id=hierarchy.capability_ids[c]
+            )
+            + path_examples(hierarchy, intent, hierarchy.tool_ids[:2], 1.0)
+        ]
+        trainer.step(make_batch(examples, hierarchy, rng))
+
+    times = _timed(step, 20)
+    return {
+        "train_step_ms": _ms(statistics.median(times)),
+        "train_graph_nodes": hierarchy.num_nodes,
+        "train_batch": TRAIN_BATCH,
+    }
+
+
+def _event_to_serving(settings: Settings, rounds: int, console: Console) -> dict[str, Any]:
+    tools = load_catalog(DEMO_CATALOG)
+    with running_system(settings, console, ("search", "trainer", "scorer")) as live:
+        tenant = f"bench-{uuid.uuid4().hex[:10]}"
+        try:
+            client.register_tools(live, tenant, tools)
+            pairs = [[tools[i].id, tools[i + 1].id] for i in range(0, 20, 2)]
+            client.search_stub(live).RegisterCapabilities(
+                search_pb2.RegisterCapabilitiesRequest(
+                    tenant_id=tenant,
+                    capabilities=[
+                        common_pb2.Capability(id=f"c{i}", name=f"c{i}", tools=p)
+                        for i, p in enumerate(pairs)
+                    ],
+                ),
+                timeout=120,
+            )
+            times = [_one_publication(live, tenant, pairs, r, console) for r in range(rounds)]
+        finally:
+            client.search_stub(live).DeleteTenant(
+                search_pb2.DeleteTenantRequest(tenant_id=tenant), timeout=120
+            )
+    return {
+        "event_to_serving_s": round(statistics.median(times), 2),
+        "event_to_serving_runs_s": [round(t, 2) for t in times],
+        "train_steps_per_round": live.train_steps,
+    }
+
+
+def _one_publication(
+    settings: Settings, tenant: str, pairs: list[list[str]], round_: int, console: Console
+) -> float:
+    stub = client.scorer_stub(settings)
+    count = settings.replay_min_traces
+    events = [
+        ExecutionCompleted.create(
+            tenant_id=tenant,
+            intent=f"bench intent {round_}-{i}",
+            steps=[ExecutionStep(node_id=t, success=True) for t in pairs[i % len(pairs)]],
+            outcome="success",
+            capability_id=f"c{i % len(pairs)}",
+        )
+        for i in range(count)
+    ]
+    target = (round_ + 1) * count
+    with console.status(f"round {round_ + 1}: executions → served model…"):
+        started = time.perf_counter()
+        asyncio.run(client.publish_events(settings, events))
+        while True:
+            info = stub.ModelInfo(scorer_pb2.ModelInfoRequest(tenant_id=tenant), timeout=30)
+            if info.metrics.get("traces_seen", 0) >= target:
+                return time.perf_counter() - started
+            time.sleep(0.05)
+
+
+def _timed(call: Any, count: int) -> list[float]:
+    times = []
+    for i in range(count):
+        started = time.perf_counter()
+        call(i)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 2)
