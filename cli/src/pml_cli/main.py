@@ -210,6 +210,24 @@ def eval_tools(
             out.print(f"{key:>12}: {value}")
 
 
+@eval_app.command("synthetic")
+def eval_synthetic(
+    folds: Annotated[int, typer.Option(help="Number of folds.")] = 5,
+    steps: Annotated[int, typer.Option(help="Training steps per fold.")] = 300,
+    seed: Annotated[int, typer.Option(help="Seed of the hierarchy, intents and split.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """SHGAT against cosine on a synthetic two-level hierarchy, K-fold, in-process."""
+    from pml_cli.eval_synthetic import evaluate_synthetic
+
+    result = evaluate_synthetic(folds, steps, seed, Settings().shgat_key_dim, err)
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+    else:
+        for key, value in result.items():
+            out.print(f"{key:>12}: {value}")
+
+
 @bench_app.command("search")
 def bench_search(
     tools: Annotated[int, typer.Option(help="Catalog size.")] = 10_000,

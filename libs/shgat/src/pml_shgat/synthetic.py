@@ -64,19 +64,18 @@ def synthetic_task(
     for m in range(meta_capabilities):
         children = [f"cap{i}" for i in rng.choice(capabilities, size=2, replace=False)]
         caps.append(CapabilityInput(id=f"meta{m}", embedding=None, capabilities=children))
+        members[f"meta{m}"] = tuple(dict.fromkeys(t for c in children for t in members[c]))
     rotation, _ = np.linalg.qr(rng.standard_normal((dim, dim)))
     index = {t: i for i, t in enumerate(tool_ids)}
     queries: dict[str, list[SyntheticQuery]] = {"train": [], "test": []}
-    for cap in caps[:capabilities]:
-        direction = normalise_rows(
-            tool_vectors[[index[t] for t in members[cap.id]]].mean(0)[None, :]
-        )[0]
+    for cap in caps:
+        rows = [index[t] for t in members[cap.id]]
+        direction = normalise_rows(tool_vectors[rows].mean(0)[None, :])[0]
         for split, count in (("train", train_per_capability), ("test", test_per_capability)):
             for _ in range(count):
                 mixed = literal_share * direction + (1 - literal_share) * rotation @ direction
-                intent = normalise_rows(
-                    (mixed + noise * rng.standard_normal(dim) / np.sqrt(dim))[None, :]
-                )[0]
+                noisy = mixed + noise * rng.standard_normal(dim) / np.sqrt(dim)
+                intent = normalise_rows(noisy[None, :])[0]
                 queries[split].append(SyntheticQuery(intent, cap.id, members[cap.id]))
     return SyntheticTask(
         tools=dict(zip(tool_ids, tool_vectors, strict=True)),
