@@ -93,9 +93,11 @@ def _synthetic_hierarchy(
         CapabilityInput(f"cap{c}", None, tools=[tool_ids[i] for i in members[c]])
         for c in range(capabilities)
     ]
-    # one capability in ten is a meta-capability over two others: two levels, as in real use
-    for c in range(0, capabilities // 10):
-        caps[c] = CapabilityInput(f"cap{c}", None, capabilities=[f"cap{c + 1}", f"cap{c + 2}"])
+    # one capability in ten is a meta-capability over two leaf ones: two levels, as in real use
+    metas = capabilities // 10
+    for c in range(metas):
+        leaves = [f"cap{metas + (2 * c + j) % (capabilities - metas)}" for j in (0, 1)]
+        caps[c] = CapabilityInput(f"cap{c}", None, capabilities=leaves)
     return Hierarchy.build(dict(zip(tool_ids, vectors, strict=True)), caps)
 
 

@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 
 from pml_shgat.hierarchy import CapabilityInput, Hierarchy
+from pml_shgat.params import MAX_PARAMETER_LEVELS, init_params, make_config, num_levels
+from pml_shgat.serving import ServingModel
 
 
 def _tools(*ids: str, dim: int = 4) -> dict[str, np.ndarray]:
@@ -72,3 +74,17 @@ def test_a_tool_wins_over_a_capability_of_the_same_id() -> None:
 def test_dimension_must_be_known() -> None:
     with pytest.raises(ValueError, match="embedding size"):
         Hierarchy.build({}, [CapabilityInput("c", None)])
+
+
+def test_a_chain_deeper_than_the_recursion_limit_is_levelled() -> None:
+    depth = 5000
+    caps = [CapabilityInput("c0", None, tools=["s:a"])] + [
+        CapabilityInput(f"c{i}", None, capabilities=[f"c{i - 1}"]) for i in range(1, depth)
+    ]
+    h = Hierarchy.build(_tools("s:a", dim=16), list(reversed(caps)))
+    assert h.num_levels == depth
+    assert int(h.capability_levels[h.capability_ids.index("c4999")]) == depth - 1
+    config = make_config(16, 16, h.num_nodes)
+    params = init_params(config, h.features, h.num_levels)
+    assert num_levels(params) == MAX_PARAMETER_LEVELS  # deeper levels share the last ones
+    assert len(ServingModel(config, params, h).score_capabilities(np.ones(16), 3)) == 3

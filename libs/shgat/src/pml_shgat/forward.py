@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from pml_shgat.hierarchy import Hierarchy, LevelIncidence
+from pml_shgat.params import level_slot
 
 LEAKY_SLOPE = 0.2
 Array = Any  # a numpy array, or an autograd box around one while training
@@ -51,10 +52,12 @@ def propagate(params: dict[str, Array], hierarchy: Hierarchy, backend: Backend =
     """Embeddings of all nodes after message passing, L2-normalised (tools, then capabilities)."""
     h: Array = hierarchy.features
     for k, incidence in enumerate(hierarchy.levels):
-        h = _upward(h, incidence, params[f"W_child/{k}"], params[f"a_up/{k}"], backend)
+        p = level_slot(k)
+        h = _upward(h, incidence, params[f"W_child/{p}"], params[f"a_up/{p}"], backend)
     for k in reversed(range(hierarchy.num_levels)):
+        p = level_slot(k)
         incidence = hierarchy.levels[k]
-        h = _downward(h, incidence, params[f"W_parent/{k}"], params[f"a_down/{k}"], backend)
+        h = _downward(h, incidence, params[f"W_parent/{p}"], params[f"a_down/{p}"], backend)
     return _normalise(h, backend)
 
 

@@ -178,43 +178,51 @@ def _acyclic_children(
 
     A depth-first walk in declaration order drops every membership that points back to a
     capability on the current walk, so the result is a DAG and the choice is deterministic.
+    The walk keeps its own stack: real hierarchies may be deeper than Python's recursion limit.
     """
     children: dict[str, list[str]] = {cid: [] for cid in cap_ids}
     state: dict[str, int] = {}  # 1 = on the walk, 2 = done
-
-    def visit(cid: str) -> None:
-        state[cid] = 1
-        for child in dict.fromkeys(by_id[cid].capabilities):
-            if child not in by_id or state.get(child) == 1:
+    for root in cap_ids:
+        if root in state:
+            continue
+        state[root] = 1
+        stack = [(root, iter(dict.fromkeys(by_id[root].capabilities)))]
+        while stack:
+            cid, pending = stack[-1]
+            child = next(pending, None)
+            if child is None:
+                state[cid] = 2
+                stack.pop()
+            elif child not in by_id or state.get(child) == 1:
                 dropped.append((cid, child))
-                continue
-            if child not in state:
-                visit(child)
-            children[cid].append(child)
-        state[cid] = 2
-
-    for cid in cap_ids:
-        if cid not in state:
-            visit(cid)
+            else:
+                children[cid].append(child)
+                if child not in state:
+                    state[child] = 1
+                    stack.append((child, iter(dict.fromkeys(by_id[child].capabilities))))
     return children
 
 
 def _topological_order(
     cap_ids: tuple[str, ...], cap_children: Mapping[str, list[str]]
 ) -> list[str]:
+    """Children before parents (post-order of a walk over the acyclic memberships)."""
     order: list[str] = []
     seen: set[str] = set()
-
-    def visit(cid: str) -> None:
-        seen.add(cid)
-        for child in cap_children[cid]:
-            if child not in seen:
-                visit(child)
-        order.append(cid)
-
-    for cid in cap_ids:
-        if cid not in seen:
-            visit(cid)
+    for root in cap_ids:
+        if root in seen:
+            continue
+        seen.add(root)
+        stack = [(root, iter(cap_children[root]))]
+        while stack:
+            cid, pending = stack[-1]
+            child = next(pending, None)
+            if child is None:
+                order.append(cid)
+                stack.pop()
+            elif child not in seen:
+                seen.add(child)
+                stack.append((child, iter(cap_children[child])))
     return order
 
 

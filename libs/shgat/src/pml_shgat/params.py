@@ -29,6 +29,14 @@ Params = dict[str, FloatArray]
 INITIAL_TEMPERATURE = 10.0
 #: Weight of messages relative to a node's own embedding at initialisation.
 INITIAL_MESSAGE_GAIN = 0.5
+#: Levels with parameters of their own; deeper levels share the last one's (a pathological
+#: 1000-level chain must not allocate 1000 pairs of d×d matrices).
+MAX_PARAMETER_LEVELS = 8
+
+
+def level_slot(level: int) -> int:
+    """Index of the parameters used by hierarchy level `level`."""
+    return min(level, MAX_PARAMETER_LEVELS - 1)
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,7 @@ def init_params(config: ShgatConfig, features: FloatArray, levels: int) -> Param
 def ensure_levels(params: Params, config: ShgatConfig, levels: int) -> Params:
     """Add initial parameters for levels a deeper hierarchy has and the model has not."""
     grown = dict(params)
-    for k in range(num_levels(params), levels):
+    for k in range(num_levels(params), min(levels, MAX_PARAMETER_LEVELS)):
         grown[f"W_child/{k}"] = INITIAL_MESSAGE_GAIN * np.eye(config.dim)
         grown[f"a_up/{k}"] = np.zeros(2 * config.dim)
         grown[f"W_parent/{k}"] = INITIAL_MESSAGE_GAIN * np.eye(config.dim)
