@@ -5,7 +5,6 @@ import itertools
 import json
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,15 +21,6 @@ from pml_common.settings import Settings
 from pml_common.stores import redis_client
 
 WORKER = Path(__file__).with_name("lease_worker.py")
-
-
-@pytest.fixture
-async def redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
-    client = redis_client(settings)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 @pytest.fixture

@@ -1,26 +1,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
 
 from pml_common.lease_lock import FENCING_COUNTER_KEY, LeaseLock
 from pml_common.model_registry import ModelRecord, ModelRegistry, StaleFencingToken
-from pml_common.settings import Settings
-from pml_common.stores import redis_client
 
 BLOB = bytes(range(256)) * 64 + b"\x00\xff\x00"
-
-
-@pytest.fixture
-async def redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
-    client = redis_client(settings)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 @pytest.fixture

@@ -22,7 +22,6 @@ from pml_common.events import (
     parse_event,
 )
 from pml_common.settings import Settings
-from pml_common.stores import redis_client
 from pml_trainer.cold_start import ColdStartConfig, load_templates
 from pml_trainer.graph_store import GraphStore
 from pml_trainer.handlers import TrainerHandlers
@@ -56,15 +55,6 @@ def tool_specs() -> list[ToolSpec]:
         server, _, name = tool_id.partition(":")
         specs.append(ToolSpec(id=tool_id, server=server, name=name, description=description))
     return specs
-
-
-@pytest.fixture
-async def redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
-    client = redis_client(settings)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 @pytest.fixture

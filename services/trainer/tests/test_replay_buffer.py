@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
@@ -13,15 +11,6 @@ from pml_trainer.replay_buffer import ReplayBuffer, Trace, importance_weights
 
 # Chi-square critical value for 3 degrees of freedom at p = 0.001.
 CHI2_3DOF_P001 = 16.27
-
-
-@pytest.fixture
-async def redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
-    client = redis_client(settings)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
@@ -39,7 +39,7 @@ from faststream.redis.annotations import RedisStreamMessage
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import BaseModel
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from pml_common.events import Event, EventRejected, Streams, parse_event
 from pml_common.settings import Settings
@@ -464,3 +464,28 @@ def _text(value: bytes | str | Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     return str(value)
+
+
+async def create_replica_group(
+    client: aioredis.Redis, group: str, event_types: Sequence[type[Event]]
+) -> None:
+    """Create a per-replica group at the end of each stream.
+
+    Created before the bus would create it at the beginning, so that a new replica, which
+    loads its caches fresh, does not replay history into them.
+    """
+    for event_type in event_types:
+        try:
+            await client.xgroup_create(event_type.STREAM, group, id="$", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+
+async def destroy_replica_group(
+    client: aioredis.Redis, group: str, event_types: Sequence[type[Event]]
+) -> None:
+    """Remove a per-replica group on shutdown (best effort: Redis may already be gone)."""
+    for event_type in event_types:
+        with contextlib.suppress(RedisError):
+            await client.xgroup_destroy(event_type.STREAM, group)

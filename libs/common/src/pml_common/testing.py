@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from redis.asyncio import Redis
 
 from pml_common.local_runtime import ManagedProcess, start_neo4j, start_redis
 from pml_common.settings import Settings
+from pml_common.stores import redis_client
 
 
 @pytest.fixture(scope="session")
@@ -63,6 +65,16 @@ def settings_env(settings: Settings) -> dict[str, str]:
             value = value.get_secret_value()
         env[f"PML_{name.upper()}"] = str(value)
     return env
+
+
+@pytest.fixture
+async def redis(settings: Settings) -> AsyncIterator[Redis]:
+    """An async client of the suite's Redis (bytes replies), closed after the test."""
+    client = redis_client(settings)
+    try:
+        yield client
+    finally:
+        await client.aclose()
 
 
 @pytest.fixture

@@ -14,11 +14,6 @@ they are now), so the bus's event-id dedupe is not needed.
 
 from __future__ import annotations
 
-import contextlib
-
-import redis.asyncio
-from redis.exceptions import RedisError, ResponseError
-
 from pml_common.bus import EventBus
 from pml_common.events import Event, GraphChanged, ModelPublished, TenantDeleted
 from pml_scorer.snapshots import ModelSnapshots
@@ -50,21 +45,3 @@ class ScorerConsumers:
 
     async def on_tenant_deleted(self, event: TenantDeleted) -> None:
         self._snapshots.drop(event.tenant_id)
-
-
-async def create_replica_group(client: redis.asyncio.Redis, group: str) -> None:
-    """Create the group at the end of each stream (before the bus would create it at the
-    beginning), so a new replica does not replay history into models it loads fresh."""
-    for event_type in EVENTS:
-        try:
-            await client.xgroup_create(event_type.STREAM, group, id="$", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-
-
-async def destroy_replica_group(client: redis.asyncio.Redis, group: str) -> None:
-    """Remove the group on shutdown (best effort: Redis may already be gone)."""
-    for event_type in EVENTS:
-        with contextlib.suppress(RedisError):
-            await client.xgroup_destroy(event_type.STREAM, group)

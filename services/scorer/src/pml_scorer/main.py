@@ -16,7 +16,7 @@ import structlog
 from threadpoolctl import threadpool_limits
 
 from pml.v1 import scorer_pb2_grpc
-from pml_common.bus import EventBus
+from pml_common.bus import EventBus, create_replica_group, destroy_replica_group
 from pml_common.embedding import build_embedder
 from pml_common.grpc_server import GrpcServer
 from pml_common.lifecycle import wait_for_shutdown_signal
@@ -24,7 +24,7 @@ from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
 from pml_common.stores import neo4j_driver, redis_client
 from pml_common.telemetry import configure_logging, setup_telemetry
-from pml_scorer.consumers import ScorerConsumers, create_replica_group, destroy_replica_group
+from pml_scorer.consumers import EVENTS, ScorerConsumers
 from pml_scorer.models import ModelBuilder
 from pml_scorer.service import ScorerServicer
 from pml_scorer.snapshots import ModelSnapshots
@@ -68,7 +68,7 @@ class ScorerApp:
         """Start consuming and serving; returns the bound port."""
         # Load the embedding model now rather than on the first request.
         await self.embedder.embed_queries(["warm up"])
-        await create_replica_group(self._redis, self._group)
+        await create_replica_group(self._redis, self._group, EVENTS)
         await self.bus.start()
         self.port = await self._server.start()
         log.info("scorer started", port=self.port)
@@ -77,7 +77,7 @@ class ScorerApp:
     async def stop(self) -> None:
         await self._server.stop()
         await self.bus.stop()
-        await destroy_replica_group(self._redis, self._group)
+        await destroy_replica_group(self._redis, self._group, EVENTS)
         await self._driver.close()
         await self._redis.aclose()
         log.info("scorer stopped")

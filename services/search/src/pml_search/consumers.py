@@ -19,11 +19,6 @@ view) that only its own handlers can update:
 
 from __future__ import annotations
 
-import contextlib
-
-import redis.asyncio
-from redis.exceptions import RedisError, ResponseError
-
 from pml_common.bus import EventBus
 from pml_common.events import (
     CapabilityLearned,
@@ -92,21 +87,3 @@ class SearchConsumers:
 
     async def on_graph_changed(self, event: GraphChanged) -> None:
         await self._graph.refresh(event.tenant_id, event.node_ids)
-
-
-async def create_cache_group(client: redis.asyncio.Redis, group: str) -> None:
-    """Create the replica's group at the end of each stream (before the bus would create it at
-    the beginning), so a new replica does not replay history into caches it loads fresh."""
-    for event_type in CACHE_EVENTS:
-        try:
-            await client.xgroup_create(event_type.STREAM, group, id="$", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-
-
-async def destroy_cache_group(client: redis.asyncio.Redis, group: str) -> None:
-    """Remove the replica's group on shutdown (best effort: Redis may already be gone)."""
-    for event_type in CACHE_EVENTS:
-        with contextlib.suppress(RedisError):
-            await client.xgroup_destroy(event_type.STREAM, group)

@@ -16,7 +16,7 @@ import asyncio
 import structlog
 
 from pml.v1 import knowledge_pb2_grpc, search_pb2_grpc
-from pml_common.bus import EventBus
+from pml_common.bus import EventBus, create_replica_group, destroy_replica_group
 from pml_common.embedding import build_embedder
 from pml_common.grpc_server import GrpcServer
 from pml_common.lifecycle import wait_for_shutdown_signal
@@ -25,7 +25,7 @@ from pml_common.stores import neo4j_driver, redis_client
 from pml_common.telemetry import configure_logging, setup_telemetry
 from pml_search.blas import limit_blas_threads
 from pml_search.catalog_index import CatalogIndex
-from pml_search.consumers import SearchConsumers, create_cache_group, destroy_cache_group
+from pml_search.consumers import CACHE_EVENTS, SearchConsumers
 from pml_search.graph_view import GraphView
 from pml_search.service import SearchServicer
 from pml_search.vector_store import QdrantVectorStore
@@ -67,7 +67,7 @@ class SearchApp:
         await self.catalog.start()
         # Load the model (and fill the cache) now rather than on the first request.
         await self.catalog.embedder.embed_queries(["warm up"])
-        await create_cache_group(self._redis, self._cache_group)
+        await create_replica_group(self._redis, self._cache_group, CACHE_EVENTS)
         await self.bus.start()
         self.port = await self._server.start()
         log.info("search started", port=self.port)
@@ -76,7 +76,7 @@ class SearchApp:
     async def stop(self) -> None:
         await self._server.stop()
         await self.bus.stop()
-        await destroy_cache_group(self._redis, self._cache_group)
+        await destroy_replica_group(self._redis, self._cache_group, CACHE_EVENTS)
         await self._driver.close()
         await self._store.close()
         await self._redis.aclose()
