@@ -269,6 +269,23 @@ def bench_scorer(
             out.print(f"{key:>22}: {value}")
 
 
+@bench_app.command("planner")
+def bench_planner(
+    hyperedges: Annotated[int, typer.Option(help="Hyperedges in the random hypergraph.")] = 10_000,
+    queries: Annotated[int, typer.Option(help="Measured queries of each kind.")] = 1000,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """DR-DSP query latency, and incremental update cost against a full recompute."""
+    from pml_cli.bench_planner import bench_planner as run_bench
+
+    result = run_bench(hyperedges, queries, err)
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+    else:
+        for key, value in result.items():
+            out.print(f"{key:>22}: {value}")
+
+
 @config_app.command("docs")
 def config_docs() -> None:
     """Print the configuration reference (Markdown) generated from the settings module."""
