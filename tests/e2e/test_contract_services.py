@@ -1,5 +1,5 @@
-"""Planner and ingest serve their contracts (healthy, reflected, RPCs UNIMPLEMENTED); the
-scorer, built since, answers for real."""
+"""Ingest serves its contract (healthy, reflected, RPCs UNIMPLEMENTED); the scorer, built
+since, answers for real (the planner has its own end-to-end tests)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ import pytest
 from pml.v1 import (
     ingest_pb2,
     ingest_pb2_grpc,
-    planner_pb2,
-    planner_pb2_grpc,
     scorer_pb2,
     scorer_pb2_grpc,
 )
@@ -21,9 +19,6 @@ from pml_cli.local_stack import LocalStack
 pytestmark = pytest.mark.e2e
 
 CALLS = {
-    "planner": lambda ch: planner_pb2_grpc.PlannerServiceStub(ch).SuggestDag(
-        planner_pb2.SuggestDagRequest(intent="deploy my app"), timeout=10
-    ),
     "ingest": lambda ch: ingest_pb2_grpc.IngestServiceStub(ch).GetStatus(
         ingest_pb2.GetStatusRequest(), timeout=10
     ),

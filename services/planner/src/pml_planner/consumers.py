@@ -1,0 +1,45 @@
+"""Event handlers of the planner.
+
+- Group `planner-<consumer_name>` (one per replica, created at the stream's end, removed on
+  shutdown): `GraphChanged` → sync the tenant's hypergraph if this replica has it loaded (DR-DSP
+  repairs its trees); `TenantDeleted` → forget it. Every replica holds its own state, so every
+  replica sees these.
+- Group `planner` (shared, each event once): `ExecutionCompleted` → the outcome of the
+  suggestions made for that intent, which adaptive thresholds learn from.
+"""
+
+from __future__ import annotations
+
+from pml_common.bus import EventBus
+from pml_common.events import Event, ExecutionCompleted, GraphChanged, TenantDeleted
+from pml_planner.outcomes import SuggestionMemory
+from pml_planner.tenants import TenantPlanners
+
+GROUP = "planner"
+REPLICA_EVENTS: tuple[type[Event], ...] = (GraphChanged, TenantDeleted)
+
+
+def replica_group(consumer_name: str) -> str:
+    return f"planner-{consumer_name}"
+
+
+class PlannerConsumers:
+    def __init__(self, planners: TenantPlanners, memory: SuggestionMemory) -> None:
+        self._planners = planners
+        self._memory = memory
+
+    def subscribe(self, bus: EventBus, consumer_name: str) -> str:
+        group = replica_group(consumer_name)
+        bus.subscribe(GraphChanged, group, self.on_graph_changed, dedupe=False)
+        bus.subscribe(TenantDeleted, group, self.on_tenant_deleted, dedupe=False)
+        bus.subscribe(ExecutionCompleted, GROUP, self.on_execution_completed)
+        return group
+
+    async def on_graph_changed(self, event: GraphChanged) -> None:
+        await self._planners.refresh(event.tenant_id)
+
+    async def on_tenant_deleted(self, event: TenantDeleted) -> None:
+        self._planners.drop(event.tenant_id)
+
+    async def on_execution_completed(self, event: ExecutionCompleted) -> None:
+        await self._memory.learn(event)

@@ -1,0 +1,199 @@
+"""One tenant's planning state: its hypergraph under DR-DSP, and the three planning methods.
+
+The hypergraph is built from the trainer's graph: every capability is a hyperedge from its
+members (tools and sub-capabilities) to itself, at the cost of its unreliability; every learned
+`sequence` / `dependency` LINK is a 1→1 hyperedge at `1 / (type weight × source multiplier)`
+times the unreliability of its destination (ADR-038 §2.3). `contains` LINKs are not used: the
+declared membership already is the capability's hyperedge. `sync` brings it to a newer read of
+the graph by adding, removing and reweighting only the hyperedges that changed, so DR-DSP
+repairs its kept trees instead of recomputing them.
+
+Methods:
+- `drdsp`: the target capability comes from the caller (SHGAT, or search before a model is
+  trained); the DAG is DR-DSP's dependency expansion of the target; the next step is the first
+  tool of the forward hyperpath from the current tool, then the DAG's remaining tools in order.
+- `legacy`: ADR-038 §2.2 (co-occurrence 0.6, Louvain 0.3, recency 0.1, PageRank 0.1) from the
+  current tool; the DAG is a greedy chain of such steps from the first tool.
+- `search`: the intent's unified-search order of tools, as a chain.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from pml_planner.drdsp import DRDSP, DependencyDag
+from pml_planner.graph_source import PlannerGraph
+from pml_planner.hypergraph import Hyperedge, capability_hyperedge, link_hyperedge
+from pml_planner.legacy import ToolGraphFeatures
+
+#: LINK types that become hyperedges (see module docstring for `contains`).
+PLANNING_LINKS = ("sequence", "dependency")
+#: Longest chain the legacy and search methods suggest as a DAG.
+MAX_CHAIN = 6
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: str
+    score: float
+
+
+@dataclass(frozen=True)
+class NextPlan:
+    candidates: tuple[Candidate, ...]
+    target: str
+    path: tuple[str, ...]
+    confidence: float
+
+
+@dataclass(frozen=True)
+class DagPlan:
+    target: str
+    nodes: tuple[str, ...]
+    edges: tuple[tuple[str, str, str], ...]  # (source, target, type)
+    order: tuple[str, ...]
+    confidence: float
+
+
+def hyperedges_of(graph: PlannerGraph) -> dict[str, Hyperedge]:
+    edges: dict[str, Hyperedge] = {}
+    for cap, members in graph.members.items():
+        if members:
+            rate = graph.nodes[cap].success_rate if cap in graph.nodes else None
+            edge = capability_hyperedge(cap, members, rate)
+            edges[edge.id] = edge
+        # The declared member order ("the order it usually runs them") counts as a template
+        # sequence until executions teach otherwise: a learned link of the same pair replaces it.
+        for a, b in itertools.pairwise(members):
+            if a != b:
+                declared = link_hyperedge(a, b, "sequence", "template")
+                edges[declared.id] = declared
+    for link in graph.links:
+        if link.type not in PLANNING_LINKS or link.src == link.dst:
+            continue
+        dst = graph.nodes.get(link.dst)
+        edge = link_hyperedge(
+            link.src, link.dst, link.type, link.source, dst.success_rate if dst else None
+        )
+        edges[edge.id] = edge
+    return edges
+
+
+@dataclass
+class TenantPlanner:
+    graph: PlannerGraph
+    drdsp: DRDSP = field(default_factory=DRDSP)
+    _edges: dict[str, Hyperedge] = field(default_factory=dict)
+    _legacy: ToolGraphFeatures | None = None
+
+    @classmethod
+    def build(cls, graph: PlannerGraph) -> TenantPlanner:
+        planner = cls(graph=graph)
+        planner.sync(graph)
+        return planner
+
+    def sync(self, graph: PlannerGraph) -> int:
+        """Apply a newer read of the graph; returns how many hyperedges changed."""
+        wanted = hyperedges_of(graph)
+        changed = 0
+        for edge_id in [e for e in self._edges if e not in wanted]:
+            self.drdsp.remove(edge_id)
+            del self._edges[edge_id]
+            changed += 1
+        for edge_id, edge in wanted.items():
+            old = self._edges.get(edge_id)
+            if old == edge:
+                continue
+            if old is not None and (old.tail, old.head) == (edge.tail, edge.head):
+                self.drdsp.reweight(edge_id, edge.cost)
+            else:
+                if old is not None:
+                    self.drdsp.remove(edge_id)
+                self.drdsp.add(edge)
+            self._edges[edge_id] = edge
+            changed += 1
+        self.graph = graph
+        if changed:
+            self._legacy = None  # Louvain and PageRank belong to one version of the graph
+        return changed
+
+    # --- drdsp ------------------------------------------------------------------------------
+
+    def reliability(self, target: str) -> tuple[DependencyDag, float]:
+        """The target's dependency DAG and its reliability: the product of 1/cost of the
+        capability hyperedges it was expanded with (1.0 for a target without members)."""
+        dag = self.drdsp.dependency_dag(target)
+        costs = [self._edges[e].cost for e in dag.hyperedges.values() if e in self._edges]
+        return dag, math.prod(1.0 / c for c in costs)
+
+    def suggest_dag(self, target: str, target_score: float) -> DagPlan:
+        dag, reliability = self.reliability(target)
+        edges = tuple((e.src, e.dst, e.kind) for e in dag.edges)
+        return DagPlan(target, dag.nodes, edges, dag.order, target_score * reliability)
+
+    def predict_next(
+        self, target: str, target_score: float, context: Sequence[str], k: int
+    ) -> NextPlan:
+        done = set(context)
+        dag, reliability = self.reliability(target)
+        ordered: list[str] = []
+        path: tuple[str, ...] = ()
+        current = context[-1] if context else None
+        if current is not None and self.drdsp.graph.has_vertex(current):
+            hyperpath = self.drdsp.forward(current, target)
+            if hyperpath is not None:
+                path = hyperpath.vertices
+                ordered += [v for v in path[1:] if self._is_tool(v)]
+                ordered += [v for v in hyperpath.requires if self._is_tool(v)]
+        ordered += [v for v in dag.order if self._is_tool(v)]
+        picked = [v for v in dict.fromkeys(ordered) if v not in done][:k]
+        # Later candidates are less certain: each step down the list halves the score.
+        base = target_score * reliability
+        candidates = tuple(Candidate(v, base / (2**i)) for i, v in enumerate(picked))
+        return NextPlan(candidates, target, path, base if picked else 0.0)
+
+    def _is_tool(self, node: str) -> bool:
+        info = self.graph.nodes.get(node)
+        return info is not None and info.kind == "tool"
+
+    # --- legacy -----------------------------------------------------------------------------
+
+    def legacy(self) -> ToolGraphFeatures:
+        if self._legacy is None:
+            tool_links = [
+                (link.src, link.dst, link.weight)
+                for link in self.graph.links
+                if self._is_tool(link.src) and self._is_tool(link.dst) and link.weight > 0
+            ]
+            used = {n.id: n.last_used_at for n in self.graph.nodes.values() if n.kind == "tool"}
+            self._legacy = ToolGraphFeatures.build(tool_links, used, tools=self.graph.tools)
+        return self._legacy
+
+    def legacy_next(self, context: Sequence[str], k: int) -> list[Candidate]:
+        done = set(context)
+        ranked = self.legacy().rank_next(list(context), None, k + len(done), now=_now())
+        return [Candidate(t, s) for t, s in ranked if t not in done][:k]
+
+    def legacy_chain(self, first: str) -> list[str]:
+        chain = [first]
+        while len(chain) < MAX_CHAIN:
+            step = self.legacy_next(chain, 1)
+            if not step or step[0].score <= 0:
+                break
+            chain.append(step[0].id)
+        return chain
+
+
+def chain_plan(tools: Sequence[str], confidence: float) -> DagPlan:
+    """A DAG that is a simple chain of tools (legacy and search suggestions)."""
+    nodes = tuple(dict.fromkeys(tools))
+    edges = tuple((a, b, "order") for a, b in itertools.pairwise(nodes))
+    return DagPlan(nodes[-1] if nodes else "", nodes, edges, nodes, confidence)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,189 @@
+"""PlannerService: next-step prediction and whole-DAG suggestion (seed 000 PREDICTION and
+SUGGESTION modes), by DR-DSP over the capability hypergraph, or by the legacy heuristic or
+search order for comparison. Every answer passes the adaptive threshold of its context
+(`<method>:next` / `<method>:dag`); a rejected one still carries what was computed, with
+`accepted = false` and the reason.
+"""
+
+from __future__ import annotations
+
+import grpc  # type: ignore[import-untyped, unused-ignore]
+from opentelemetry import trace
+
+from pml.v1 import planner_pb2, planner_pb2_grpc
+from pml_common.grpc_server import invalid_argument
+from pml_common.settings import Settings
+from pml_planner.outcomes import SuggestionMemory
+from pml_planner.planning import Candidate, DagPlan, NextPlan, TenantPlanner, chain_plan
+from pml_planner.targets import TargetCandidate, Targets, TargetSource
+from pml_planner.tenants import TenantPlanners
+from pml_planner.thresholds import RedisThresholdStore, context_key
+
+METHODS = ("drdsp", "legacy", "search")
+#: Runners-up returned with a next step (for next_hit@k and for the caller's own choice).
+NEXT_CANDIDATES = 5
+MAX_CONTEXT = 100
+MAX_ID = 512
+
+
+class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
+    def __init__(
+        self,
+        settings: Settings,
+        planners: TenantPlanners,
+        targets: TargetSource,
+        thresholds: RedisThresholdStore,
+        memory: SuggestionMemory,
+    ) -> None:
+        self._settings = settings
+        self._planners = planners
+        self._targets = targets
+        self._thresholds = thresholds
+        self._memory = memory
+
+    async def PredictNext(
+        self, request: planner_pb2.PredictNextRequest, context: grpc.aio.ServicerContext
+    ) -> planner_pb2.PredictNextResponse:
+        tenant, intent, method = self._common(request.tenant_id, request.intent, request.method)
+        tools = _context_tools(request.context_tools)
+        planner = await self._planners.get(tenant)
+        if method == "drdsp":
+            plan = await self._drdsp_next(tenant, intent, tools, planner)
+        elif method == "legacy":
+            plan = await self._legacy_next(tenant, intent, tools, planner)
+        else:
+            plan = await self._search_next(tenant, intent, tools)
+        decision = await self._thresholds.decide(
+            tenant, context_key(method, "next"), plan.confidence
+        )
+        first = plan.candidates[0].id if plan.candidates else ""
+        if decision.accepted and first:
+            await self._memory.remember(
+                tenant, intent, "next", decision.context, plan.confidence, [first]
+            )
+        _annotate(tenant, method, plan.target, plan.confidence, decision.accepted)
+        return planner_pb2.PredictNextResponse(
+            next_tool=first if decision.accepted else "",
+            target_capability=plan.target,
+            path=list(plan.path),
+            confidence=plan.confidence,
+            accepted=decision.accepted and bool(first),
+            reason=decision.reason if first else "no candidate for a next step",
+            threshold=decision.threshold,
+            method=method,
+            candidates=[
+                planner_pb2.NextCandidate(tool=c.id, score=c.score) for c in plan.candidates
+            ],
+        )
+
+    async def SuggestDag(
+        self, request: planner_pb2.SuggestDagRequest, context: grpc.aio.ServicerContext
+    ) -> planner_pb2.SuggestDagResponse:
+        tenant, intent, method = self._common(request.tenant_id, request.intent, request.method)
+        planner = await self._planners.get(tenant)
+        if method == "drdsp":
+            plan = await self._drdsp_dag(tenant, intent, planner)
+        elif method == "legacy":
+            first = await self._targets.tools(tenant, intent, 1)
+            chain = planner.legacy_chain(first[0].id) if first else []
+            plan = chain_plan(chain, first[0].score if first else 0.0)
+        else:
+            ranked = await self._targets.tools(tenant, intent, 3)
+            plan = chain_plan([t.id for t in ranked], ranked[0].score if ranked else 0.0)
+        decision = await self._thresholds.decide(
+            tenant, context_key(method, "dag"), plan.confidence
+        )
+        tools = [n for n in plan.order if n in set(planner.graph.tools)] or list(plan.order)
+        if decision.accepted and plan.nodes:
+            await self._memory.remember(
+                tenant, intent, "dag", decision.context, plan.confidence, tools
+            )
+        _annotate(tenant, method, plan.target, plan.confidence, decision.accepted)
+        return planner_pb2.SuggestDagResponse(
+            target_capability=plan.target,
+            nodes=list(plan.nodes),
+            edges=[planner_pb2.DagEdge(source=s, target=t, type=k) for s, t, k in plan.edges],
+            order=list(plan.order),
+            confidence=plan.confidence,
+            accepted=decision.accepted and bool(plan.nodes),
+            reason=decision.reason if plan.nodes else "nothing to suggest for this intent",
+            threshold=decision.threshold,
+        )
+
+    # --- methods ----------------------------------------------------------------------------
+
+    async def _best_target(
+        self, tenant: str, intent: str, planner: TenantPlanner
+    ) -> tuple[TargetCandidate | None, Targets]:
+        """The target: SHGAT's (or search's) candidates weighed by their DAG's reliability,
+        so that a capability whose runs fail gives way to an equally fitting, reliable one."""
+        targets = await self._targets.capabilities(tenant, intent)
+        known = [c for c in targets.candidates if c.id in planner.graph.nodes]
+        if not known:
+            return None, targets
+        best = max(known, key=lambda c: (c.score * planner.reliability(c.id)[1], c.id))
+        return best, targets
+
+    async def _drdsp_next(
+        self, tenant: str, intent: str, tools: list[str], planner: TenantPlanner
+    ) -> NextPlan:
+        target, _ = await self._best_target(tenant, intent, planner)
+        if target is None:
+            return NextPlan((), "", (), 0.0)
+        return planner.predict_next(target.id, target.score, tools, NEXT_CANDIDATES)
+
+    async def _drdsp_dag(self, tenant: str, intent: str, planner: TenantPlanner) -> DagPlan:
+        target, _ = await self._best_target(tenant, intent, planner)
+        if target is None:
+            return chain_plan([], 0.0)
+        return planner.suggest_dag(target.id, target.score)
+
+    async def _legacy_next(
+        self, tenant: str, intent: str, tools: list[str], planner: TenantPlanner
+    ) -> NextPlan:
+        if not tools:  # the heuristic needs a current tool: start where search would
+            return await self._search_next(tenant, intent, tools)
+        ranked = planner.legacy_next(tools, NEXT_CANDIDATES)
+        return NextPlan(tuple(ranked), "", (), ranked[0].score if ranked else 0.0)
+
+    async def _search_next(self, tenant: str, intent: str, tools: list[str]) -> NextPlan:
+        done = set(tools)
+        ranked = await self._targets.tools(tenant, intent, NEXT_CANDIDATES + len(done))
+        picked = tuple(Candidate(t.id, t.score) for t in ranked if t.id not in done)
+        picked = picked[:NEXT_CANDIDATES]
+        return NextPlan(picked, "", (), picked[0].score if picked else 0.0)
+
+    def _common(self, tenant_id: str, intent: str, method: str) -> tuple[str, str, str]:
+        tenant = tenant_id.strip() or self._settings.default_tenant
+        if len(tenant) > MAX_ID:
+            raise invalid_argument(f"tenant_id is longer than {MAX_ID} characters")
+        text = intent.strip()
+        if not text:
+            raise invalid_argument("intent must not be empty")
+        if len(intent) > self._settings.max_query_chars:
+            raise invalid_argument(
+                f"intent is {len(intent)} characters long; "
+                f"the maximum is {self._settings.max_query_chars}"
+            )
+        chosen = method.strip() or "drdsp"
+        if chosen not in METHODS:
+            raise invalid_argument(f"method {method!r} is not one of {', '.join(METHODS)}")
+        return tenant, text, chosen
+
+
+def _context_tools(tools: list[str] | object) -> list[str]:
+    values = [str(t).strip() for t in tools]  # type: ignore[attr-defined]
+    if len(values) > MAX_CONTEXT:
+        raise invalid_argument(f"context_tools has {len(values)} entries; at most {MAX_CONTEXT}")
+    if any(not v or len(v) > MAX_ID for v in values):
+        raise invalid_argument(f"context_tools entries must be 1 to {MAX_ID} characters")
+    return values
+
+
+def _annotate(tenant: str, method: str, target: str, confidence: float, accepted: bool) -> None:
+    span = trace.get_current_span()
+    span.set_attribute("pml.tenant_id", tenant)
+    span.set_attribute("pml.planner.method", method)
+    span.set_attribute("pml.planner.target", target)
+    span.set_attribute("pml.planner.confidence", confidence)
+    span.set_attribute("pml.planner.accepted", accepted)

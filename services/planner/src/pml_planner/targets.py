@@ -1,0 +1,79 @@
+"""Where the planner's target capability comes from: SHGAT, or search before SHGAT knows.
+
+Seed 000: the target of PREDICTION and SUGGESTION is SHGAT's best capability for the intent.
+Before the tenant has a trained model (the scorer answers `untrained`), or when the scorer
+cannot be reached, unified search ranks the capabilities instead, and the answer says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc  # type: ignore[import-untyped, unused-ignore]
+import structlog
+
+from pml.v1 import scorer_pb2, scorer_pb2_grpc, search_pb2, search_pb2_grpc
+
+log = structlog.get_logger(__name__)
+
+#: Capabilities considered as the target; the planner weighs each by its DAG's reliability.
+TARGET_POOL = 5
+UNTRAINED = "untrained"
+
+
+@dataclass(frozen=True)
+class TargetCandidate:
+    id: str
+    score: float
+
+
+@dataclass(frozen=True)
+class Targets:
+    candidates: tuple[TargetCandidate, ...]
+    source: str  # "shgat:<version>" or "search"
+
+
+class TargetSource:
+    def __init__(
+        self,
+        scorer: scorer_pb2_grpc.ScorerServiceStub,
+        search: search_pb2_grpc.SearchServiceStub,
+        timeout_s: float = 5.0,
+    ) -> None:
+        self._scorer = scorer
+        self._search = search
+        self._timeout = timeout_s
+
+    async def capabilities(self, tenant: str, intent: str) -> Targets:
+        try:
+            reply = await self._scorer.ScoreCapabilities(
+                scorer_pb2.ScoreRequest(tenant_id=tenant, text=intent, top_k=TARGET_POOL),
+                timeout=self._timeout,
+            )
+            if reply.model_version != UNTRAINED and reply.scores:
+                scored = tuple(TargetCandidate(s.id, s.score) for s in reply.scores)
+                return Targets(scored, f"shgat:{reply.model_version}")
+        except grpc.aio.AioRpcError as exc:
+            log.warning("planner.scorer_unavailable", tenant=tenant, code=exc.code().name)
+        return await self._from_search(tenant, intent)
+
+    async def tools(self, tenant: str, intent: str, limit: int) -> list[TargetCandidate]:
+        reply = await self._search.Search(
+            search_pb2.SearchRequest(
+                tenant_id=tenant, query=intent, limit=limit, kinds=[search_pb2.NODE_KIND_TOOL]
+            ),
+            timeout=self._timeout,
+        )
+        return [TargetCandidate(r.id, r.final_score) for r in reply.results]
+
+    async def _from_search(self, tenant: str, intent: str) -> Targets:
+        reply = await self._search.Search(
+            search_pb2.SearchRequest(
+                tenant_id=tenant,
+                query=intent,
+                limit=TARGET_POOL,
+                kinds=[search_pb2.NODE_KIND_CAPABILITY],
+            ),
+            timeout=self._timeout,
+        )
+        return Targets(tuple(TargetCandidate(r.id, r.final_score) for r in reply.results), "search")

@@ -1,0 +1,86 @@
+"""A tenant's planning state: hyperedges from the graph, incremental sync, the three methods."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from pml_common.events import ExecutionCompleted, ExecutionStep
+from pml_planner.graph_source import LinkInfo, NodeInfo, PlannerGraph
+from pml_planner.outcomes import outcome_of
+from pml_planner.planning import TenantPlanner, chain_plan, hyperedges_of
+
+
+def _graph(success_a: float | None = None, links: tuple[LinkInfo, ...] = ()) -> PlannerGraph:
+    nodes = {t: NodeInfo(t, "tool", 0, None, None) for t in ("s:a", "s:b", "s:c", "s:x")}
+    nodes["A"] = NodeInfo("A", "capability", 4, success_a, None)
+    nodes["B"] = NodeInfo("B", "capability", 0, None, None)
+    nodes["M"] = NodeInfo("M", "capability", 0, None, None)
+    members = {"A": ("s:a", "s:b"), "B": ("s:c", "s:x"), "M": ("A", "B")}
+    return PlannerGraph("t", nodes, members, links)
+
+
+def test_hyperedges_cover_capabilities_declared_order_and_planning_links_only() -> None:
+    links = (
+        LinkInfo("s:b", "s:a", "sequence", "observed", 3, 0.5),
+        LinkInfo("A", "s:a", "contains", "observed", 3, 0.8),
+    )
+    edges = hyperedges_of(_graph(links=links))
+    assert edges["capability:A"].tail == frozenset({"s:a", "s:b"})
+    assert edges["capability:M"].tail == frozenset({"A", "B"})
+    assert "sequence:s:a->s:b" in edges  # declared order, as a template sequence
+    assert edges["sequence:s:b->s:a"].cost == 2.0  # learned: 1 / (0.5 × 1.0)
+    assert not any(e.startswith("contains:") for e in edges)
+
+
+def test_sync_changes_only_what_changed() -> None:
+    planner = TenantPlanner.build(_graph())
+    assert planner.sync(_graph()) == 0
+    assert planner.sync(_graph(success_a=0.25)) == 1  # one reweighting
+    assert planner.drdsp.graph.edge("capability:A").cost == 4.0
+
+
+def test_dag_of_a_nested_capability_and_its_reliability() -> None:
+    planner = TenantPlanner.build(_graph(success_a=0.5))
+    plan = planner.suggest_dag("M", target_score=0.8)
+    assert set(plan.nodes) == {"M", "A", "B", "s:a", "s:b", "s:c", "s:x"}
+    assert plan.order[-1] == "M"
+    assert plan.order.index("s:a") < plan.order.index("s:b")  # declared order
+    assert abs(plan.confidence - 0.8 * 0.5) < 1e-9  # A's success rate 0.5, the others 1
+
+
+def test_next_step_follows_the_target_dag_after_the_context() -> None:
+    planner = TenantPlanner.build(_graph())
+    plan = planner.predict_next("A", 0.9, ["s:a"], k=3)
+    assert [c.id for c in plan.candidates] == ["s:b"]
+    assert plan.path[0] == "s:a" and plan.path[-1] == "A"
+    cold = planner.predict_next("B", 0.9, [], k=3)
+    assert [c.id for c in cold.candidates] == ["s:c", "s:x"]
+    assert cold.candidates[0].score > cold.candidates[1].score
+
+
+def test_legacy_chain_and_search_chain() -> None:
+    links = (LinkInfo("s:a", "s:b", "sequence", "observed", 5, 0.5),)
+    planner = TenantPlanner.build(_graph(links=links))
+    assert planner.legacy_next(["s:a"], 1)[0].id == "s:b"
+    assert planner.legacy_chain("s:a")[:2] == ["s:a", "s:b"]
+    chain = chain_plan(["s:c", "s:a", "s:c"], 0.4)
+    assert chain.nodes == ("s:c", "s:a") and chain.edges == (("s:c", "s:a", "order"),)
+
+
+def test_outcomes_of_suggestions() -> None:
+    def run(outcome: str, steps: list[tuple[str, bool]]) -> ExecutionCompleted:
+        return ExecutionCompleted.create(
+            intent="i",
+            outcome=outcome,
+            steps=[ExecutionStep(node_id=n, success=ok) for n, ok in steps],
+            occurred_at=datetime.now(UTC),
+        )
+
+    assert outcome_of("next", ["s:b"], run("success", [("s:a", True), ("s:b", True)])) == "success"
+    assert outcome_of("next", ["s:b"], run("failure", [("s:b", False)])) == "failure"
+    assert outcome_of("next", ["s:b"], run("success", [("s:c", True)])) == "ignored"
+    assert (
+        outcome_of("dag", ["s:a", "s:b"], run("failure", [("s:a", True), ("s:b", False)]))
+        == "failure"
+    )
+    assert outcome_of("dag", ["s:a", "s:b", "s:c"], run("success", [("s:x", True)])) == "ignored"

@@ -1,0 +1,128 @@
+"""The planner end to end: capabilities learned from events become the suggested DAG, and runs
+that fail along one branch move the suggestion to the other. Public interfaces only."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+
+import grpc
+import pytest
+
+from pml.v1 import planner_pb2, planner_pb2_grpc
+from pml_cli.client import publish_events
+from pml_cli.local_stack import LocalStack
+from pml_common.events import (
+    CapabilityLearned,
+    CapabilitySpec,
+    ExecutionCompleted,
+    ExecutionStep,
+    ToolSpec,
+    ToolsRegistered,
+)
+
+pytestmark = pytest.mark.e2e
+
+TOOLS = {
+    "report:build_weekly": "Build the weekly activity report as a PDF.",
+    "mail:send": "Send an email with attachments to a list of recipients.",
+    "chat:post": "Post a message with a file to a team chat channel.",
+    "calendar:list": "List calendar events.",
+}
+BRANCHES = {
+    "report-by-mail": (
+        "Share the weekly report with the team by email",
+        ["report:build_weekly", "mail:send"],
+    ),
+    "report-by-chat": (
+        "Share the weekly report with the team in the chat channel",
+        ["report:build_weekly", "chat:post"],
+    ),
+}
+INTENT = "share the weekly report with the team"
+
+
+@pytest.fixture(scope="module")
+def planner(stack: LocalStack) -> Iterator[planner_pb2_grpc.PlannerServiceStub]:
+    stack.start_services(["scorer", "planner"])
+    with grpc.insecure_channel(stack.settings.planner_addr) as channel:
+        yield planner_pb2_grpc.PlannerServiceStub(channel)
+
+
+def _dag(
+    planner: planner_pb2_grpc.PlannerServiceStub, tenant: str
+) -> planner_pb2.SuggestDagResponse:
+    return planner.SuggestDag(
+        planner_pb2.SuggestDagRequest(tenant_id=tenant, intent=INTENT), timeout=30
+    )
+
+
+def test_learned_capabilities_become_the_dag_and_failures_move_it(
+    stack: LocalStack,
+    planner: planner_pb2_grpc.PlannerServiceStub,
+    e2e_tenant: str,
+    eventually: Callable[..., object],
+) -> None:
+    tools = [
+        ToolSpec(id=t, server=t.split(":")[0], name=t.split(":")[1], description=d)
+        for t, d in TOOLS.items()
+    ]
+    learned = [
+        CapabilityLearned.create(
+            tenant_id=e2e_tenant,
+            capability=CapabilitySpec(id=cid, name=cid, description=text, tools=members),
+        )
+        for cid, (text, members) in BRANCHES.items()
+    ]
+    asyncio.run(
+        publish_events(
+            stack.settings, [ToolsRegistered.create(tenant_id=e2e_tenant, tools=tools), *learned]
+        )
+    )
+
+    first = eventually(
+        lambda: _dag(planner, e2e_tenant), lambda r: r.target_capability in BRANCHES, timeout=90
+    )
+    chosen = first.target_capability  # type: ignore[attr-defined]
+    members = BRANCHES[chosen][1]
+    assert set(first.nodes) == {chosen, *members}  # type: ignore[attr-defined]
+    assert list(first.order)[-1] == chosen  # type: ignore[attr-defined]
+    assert list(first.order).index(members[0]) < list(first.order).index(members[1])  # type: ignore[attr-defined]
+    assert {(e.source, e.target) for e in first.edges} >= {(m, chosen) for m in members}  # type: ignore[attr-defined]
+
+    # Runs of the chosen branch fail at its last step.
+    failures = [
+        ExecutionCompleted.create(
+            tenant_id=e2e_tenant,
+            intent=INTENT,
+            steps=[
+                ExecutionStep(node_id=members[0], success=True),
+                ExecutionStep(node_id=members[1], success=False, error="recipient rejected"),
+            ],
+            outcome="failure",
+            capability_id=chosen,
+        )
+        for _ in range(8)
+    ]
+    asyncio.run(publish_events(stack.settings, failures))
+    other = next(c for c in BRANCHES if c != chosen)
+    moved = eventually(
+        lambda: _dag(planner, e2e_tenant), lambda r: r.target_capability == other, timeout=120
+    )
+    assert set(moved.nodes) == {other, *BRANCHES[other][1]}  # type: ignore[attr-defined]
+
+
+def test_bad_input_is_refused(planner: planner_pb2_grpc.PlannerServiceStub) -> None:
+    for request in (
+        planner_pb2.SuggestDagRequest(intent="  "),
+        planner_pb2.SuggestDagRequest(intent="x", method="telepathy"),
+    ):
+        with pytest.raises(grpc.RpcError) as info:
+            planner.SuggestDag(request, timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details()
+    with pytest.raises(grpc.RpcError) as info:
+        planner.PredictNext(
+            planner_pb2.PredictNextRequest(intent="x", context_tools=["a"] * 101), timeout=10
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
