@@ -10,9 +10,17 @@ from google.protobuf.json_format import MessageToDict
 from opentelemetry.instrumentation.grpc import client_interceptor
 from opentelemetry.instrumentation.grpc.grpcext import intercept_channel
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from pml.v1 import common_pb2, scorer_pb2_grpc, search_pb2, search_pb2_grpc
+from pml.v1 import (
+    common_pb2,
+    planner_pb2,
+    planner_pb2_grpc,
+    scorer_pb2_grpc,
+    search_pb2,
+    search_pb2_grpc,
+)
 from pml_common.bus import EventBus
 from pml_common.events import Event, ToolSpec
 from pml_common.settings import Settings
@@ -35,6 +43,33 @@ def search_stub(settings: Settings) -> search_pb2_grpc.SearchServiceStub:
 
 def scorer_stub(settings: Settings) -> scorer_pb2_grpc.ScorerServiceStub:
     return scorer_pb2_grpc.ScorerServiceStub(channel(settings.scorer_addr, settings))
+
+
+def planner_stub(settings: Settings) -> planner_pb2_grpc.PlannerServiceStub:
+    return planner_pb2_grpc.PlannerServiceStub(channel(settings.planner_addr, settings))
+
+
+#: What `method` of PredictNext and SuggestDag accepts; the first is the planner's default.
+PLAN_METHODS = ("drdsp", "legacy", "search")
+
+
+def predict_next(
+    settings: Settings, tenant: str, intent: str, context: Sequence[str] | None, method: str
+) -> planner_pb2.PredictNextResponse:
+    return planner_stub(settings).PredictNext(
+        planner_pb2.PredictNextRequest(
+            tenant_id=tenant, intent=intent, context_tools=list(context or []), method=method
+        ),
+        timeout=30,
+    )
+
+
+def suggest_dag(
+    settings: Settings, tenant: str, intent: str, method: str
+) -> planner_pb2.SuggestDagResponse:
+    return planner_stub(settings).SuggestDag(
+        planner_pb2.SuggestDagRequest(tenant_id=tenant, intent=intent, method=method), timeout=30
+    )
 
 
 def tool_message(tool: ToolSpec) -> common_pb2.Tool:
@@ -83,6 +118,11 @@ def search(
     return [_as_dict(r) for r in result.results]
 
 
+def as_dict(message: Any) -> dict[str, Any]:
+    """A reply as JSON-ready data, with proto field names and default values printed."""
+    return _as_dict(message)
+
+
 def _as_dict(message: Any) -> dict[str, Any]:
     return MessageToDict(
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
@@ -101,6 +141,52 @@ def print_results(console: Console, rows: list[dict[str, Any]]) -> None:
             f"{row.get('reliability_factor', 0):.1f}",
         )
     console.print(table)
+
+
+def _verdict(confidence: float, threshold: float, accepted: bool) -> str:
+    mark = "[green]accepted[/]" if accepted else "[yellow]not accepted[/]"
+    return f"{confidence:.3f} (threshold {threshold:.3f}) {mark}"
+
+
+def _path(ids: Sequence[str]) -> str:
+    return escape(" → ".join(ids)) if ids else "-"
+
+
+def print_next(console: Console, reply: planner_pb2.PredictNextResponse) -> None:
+    """The next step, why, and the ranked candidates."""
+    console.print(f"[bold]next tool[/]   {escape(reply.next_tool) or '-'}")
+    console.print(f"[bold]capability[/]  {escape(reply.target_capability) or '-'}")
+    console.print(f"[bold]path[/]        {_path(reply.path)}")
+    console.print(
+        f"[bold]confidence[/]  {_verdict(reply.confidence, reply.threshold, reply.accepted)}"
+    )
+    console.print(f"[bold]reason[/]      {escape(reply.reason) or '-'}")
+    console.print(f"[bold]method[/]      {escape(reply.method) or '-'}")
+    if reply.candidates:
+        table = Table("#", "candidate", "score")
+        for rank, candidate in enumerate(reply.candidates, start=1):
+            table.add_row(str(rank), escape(candidate.tool), f"{candidate.score:.3f}")
+        console.print(table)
+    else:
+        console.print("no candidates")
+
+
+def print_dag(console: Console, reply: planner_pb2.SuggestDagResponse) -> None:
+    """The suggested workflow: nodes, dependency edges and an execution order."""
+    console.print(f"[bold]capability[/]  {escape(reply.target_capability) or '-'}")
+    console.print(
+        f"[bold]confidence[/]  {_verdict(reply.confidence, reply.threshold, reply.accepted)}"
+    )
+    console.print(f"[bold]reason[/]      {escape(reply.reason) or '-'}")
+    console.print(f"[bold]nodes[/]       {escape(', '.join(reply.nodes)) or '-'}")
+    console.print(f"[bold]order[/]       {_path(reply.order)}")
+    if reply.edges:
+        table = Table("source", "target", "type")
+        for edge in reply.edges:
+            table.add_row(escape(edge.source), escape(edge.target), escape(edge.type) or "-")
+        console.print(table)
+    else:
+        console.print("no edges")
 
 
 async def publish_events(settings: Settings, events: Sequence[Event]) -> list[str]:

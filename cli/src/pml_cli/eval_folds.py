@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -114,31 +115,91 @@ def _prepare(
 ) -> Callable[[str], list[str]]:
     if method == "cosine":
         return ranker(settings, tenant, "cosine")
-    capabilities = co_used_capabilities(train)
-    _register_capabilities(settings, tenant, capabilities)
-    events = [
-        ExecutionCompleted.create(
-            tenant_id=tenant,
-            intent=q.query,
-            steps=[ExecutionStep(node_id=t, success=True) for t in steps_of(q)],
-            outcome="success",
-            capability_id=capabilities.get(tuple(sorted(steps_of(q)))),
-        )
-        for q in train
-    ]
-    with console.status(f"fold {number + 1}/{folds}: publishing {len(events)} executions…"):
-        asyncio.run(client.publish_events(settings, events))
-    with console.status(f"fold {number + 1}/{folds}: waiting for the trainer's model…"):
-        version = _wait_for_model(settings, tenant, len(events))
-    console.log(f"fold {number + 1}/{folds}: scoring with model {version}")
+    learn_from(settings, tenant, train, console, f"fold {number + 1}/{folds}")
     return _shgat_ranker(settings, tenant)
 
 
-def _register_capabilities(
-    settings: Settings, tenant: str, capabilities: dict[tuple[str, ...], str]
+def learn_from(
+    settings: Settings,
+    tenant: str,
+    train: Sequence[ToolQuery],
+    console: Console,
+    label: str,
+    ordered: bool = False,
+) -> str:
+    """Teach `tenant` the training queries as a live system learns; the served model version.
+
+    Registers the co-used capabilities, publishes one ExecutionCompleted per query, and waits
+    until the scorer serves a model trained on all of them. `ordered`: capabilities list their
+    tools in the order the queries ran them and each step `depends_on` the one before (plans);
+    otherwise capability tools are sorted and steps carry no dependencies (retrieval).
+    """
+    capabilities = co_used_capabilities(train)
+    orders = capability_orders(train) if ordered else None
+    register_capabilities(settings, tenant, capabilities, orders)
+    events = training_events(tenant, train, capabilities, chain=ordered)
+    with console.status(f"{label}: publishing {len(events)} executions…"):
+        asyncio.run(client.publish_events(settings, events))
+    with console.status(f"{label}: waiting for the trainer's model…"):
+        version = wait_for_model(settings, tenant, len(events))
+    console.log(f"{label}: serving model {version}")
+    return version
+
+
+def capability_orders(queries: Sequence[ToolQuery]) -> dict[tuple[str, ...], tuple[str, ...]]:
+    """Tool set → the order its queries ran it in most often (the first seen on a tie)."""
+    counts: dict[tuple[str, ...], Counter[tuple[str, ...]]] = {}
+    for q in queries:
+        steps = tuple(steps_of(q))
+        if len(steps) >= 2:
+            counts.setdefault(tuple(sorted(steps)), Counter())[steps] += 1
+    # Counter.most_common keeps insertion order among equal counts.
+    return {key: c.most_common(1)[0][0] for key, c in counts.items()}
+
+
+def training_events(
+    tenant: str,
+    train: Sequence[ToolQuery],
+    capabilities: dict[tuple[str, ...], str],
+    chain: bool = False,
+) -> list[ExecutionCompleted]:
+    """One successful execution per training query; `chain`: step i depends on step i-1."""
+    events = []
+    for q in train:
+        steps = steps_of(q)
+        events.append(
+            ExecutionCompleted.create(
+                tenant_id=tenant,
+                intent=q.query,
+                steps=[
+                    ExecutionStep(
+                        node_id=t,
+                        success=True,
+                        depends_on=[steps[i - 1]] if chain and i > 0 else [],
+                    )
+                    for i, t in enumerate(steps)
+                ],
+                outcome="success",
+                capability_id=capabilities.get(tuple(sorted(steps))),
+            )
+        )
+    return events
+
+
+def register_capabilities(
+    settings: Settings,
+    tenant: str,
+    capabilities: dict[tuple[str, ...], str],
+    orders: dict[tuple[str, ...], tuple[str, ...]] | None = None,
 ) -> None:
+    """Register the capabilities; their `tools` in `orders` when given, else sorted."""
+    orders = orders or {}
     messages = [
-        common_pb2.Capability(id=cid, name=" + ".join(t.split(":")[-1] for t in tools), tools=tools)
+        common_pb2.Capability(
+            id=cid,
+            name=" + ".join(t.split(":")[-1] for t in orders.get(tools, tools)),
+            tools=orders.get(tools, tools),
+        )
         for tools, cid in capabilities.items()
     ]
     for start in range(0, len(messages), client.REGISTER_BATCH):
@@ -150,7 +211,7 @@ def _register_capabilities(
         )
 
 
-def _wait_for_model(settings: Settings, tenant: str, executions: int) -> str:
+def wait_for_model(settings: Settings, tenant: str, executions: int) -> str:
     """Poll the scorer until it serves a model trained after all `executions` arrived."""
     stub = client.scorer_stub(settings)
     deadline = time.monotonic() + TRAINING_TIMEOUT_S

@@ -28,11 +28,13 @@ publish_app = typer.Typer(no_args_is_help=True, help="Publish events as an execu
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate on a data set in the exchange format.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks printing JSON.")
 config_app = typer.Typer(no_args_is_help=True, help="Configuration reference.")
+plan_app = typer.Typer(no_args_is_help=True, help="Next steps and workflows from the planner.")
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(publish_app, name="publish")
 app.add_typer(eval_app, name="eval")
 app.add_typer(bench_app, name="bench")
 app.add_typer(config_app, name="config")
+app.add_typer(plan_app, name="plan")
 
 err = Console(stderr=True)
 out = Console()
@@ -226,6 +228,109 @@ def eval_synthetic(
     else:
         for key, value in result.items():
             out.print(f"{key:>12}: {value}")
+
+
+@plan_app.command("next")
+def plan_next(
+    intent: Annotated[str, typer.Argument(help="What the agent wants to do.")],
+    context: Annotated[
+        list[str] | None,
+        typer.Option("--context", help="A tool already used, in order (repeatable)."),
+    ] = None,
+    method: Annotated[str, typer.Option(help="drdsp | legacy | search")] = "drdsp",
+    tenant: TenantOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """The next tool for INTENT after the --context tools, with the ranked candidates."""
+    settings = Settings()
+    _check_plan_method(method)
+    try:
+        reply = client.predict_next(
+            settings, tenant or settings.default_tenant, intent, context, method
+        )
+    except grpc.RpcError as exc:
+        rpc_failure(exc)
+    if as_json:
+        sys.stdout.write(json.dumps(client.as_dict(reply)) + "\n")
+    else:
+        client.print_next(out, reply)
+
+
+@plan_app.command("dag")
+def plan_dag(
+    intent: Annotated[str, typer.Argument(help="What the agent wants to do.")],
+    method: Annotated[str, typer.Option(help="drdsp | legacy | search")] = "drdsp",
+    tenant: TenantOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """A whole workflow for INTENT: nodes, dependency edges and an execution order."""
+    settings = Settings()
+    _check_plan_method(method)
+    try:
+        reply = client.suggest_dag(settings, tenant or settings.default_tenant, intent, method)
+    except grpc.RpcError as exc:
+        rpc_failure(exc)
+    if as_json:
+        sys.stdout.write(json.dumps(client.as_dict(reply)) + "\n")
+    else:
+        client.print_dag(out, reply)
+
+
+def _check_plan_method(method: str) -> None:
+    if method not in client.PLAN_METHODS:
+        fail(f"unknown method {method!r}; choose one of {', '.join(client.PLAN_METHODS)}")
+
+
+@eval_app.command("plan")
+def eval_plan(
+    data: Annotated[Path, typer.Option(help="Folder with catalog.jsonl and queries.jsonl.")],
+    folds: Annotated[int, typer.Option(help="K-fold: learn from K-1 folds, test on one.")] = 5,
+    method: Annotated[str, typer.Option(help="drdsp | legacy | search")] = "drdsp",
+    min_steps: Annotated[int, typer.Option(help="Keep queries with at least this many steps.")] = 2,
+    max_queries: Annotated[int | None, typer.Option(help="Evaluate the first N only.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Next-step hits and DAG node/edge F1 against each query's `sequence`, K-fold."""
+    from pml_cli.eval_plan import evaluate_plan
+    from pml_cli.eval_tools import EvalError
+
+    try:
+        result = evaluate_plan(Settings(), data, method, folds, min_steps, max_queries, err)
+    except EvalError as exc:
+        fail(str(exc))
+    except grpc.RpcError as exc:
+        rpc_failure(exc)
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+    else:
+        for key, value in result.items():
+            out.print(f"{key:>13}: {value}")
+
+
+@eval_app.command("make-workflows")
+def eval_make_workflows(
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder to write the set into.")],
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic intents.")] = 0,
+    source: Annotated[
+        Path | None,
+        typer.Option("--from", help="Derive from this set's multi-tool queries instead."),
+    ] = None,
+) -> None:
+    """Write a workflow set with `sequence`: synthetic, or --from a set's multi-tool queries."""
+    from pml_cli.eval_tools import EvalError
+    from pml_cli.workflow_sets import sequences_from_relevant, write_synthetic_workflows
+
+    try:
+        if source is not None:
+            summary = sequences_from_relevant(source, out_dir)
+        else:
+            summary = write_synthetic_workflows(out_dir, seed)
+    except EvalError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"{out_dir}: cannot write: {exc.strerror}")
+    for key, value in summary.items():
+        out.print(f"{key:>13}: {value}")
 
 
 @bench_app.command("search")

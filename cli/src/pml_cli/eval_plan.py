@@ -1,0 +1,210 @@
+"""`pml eval plan`: next-step and workflow suggestion, K-fold, through the running system.
+
+The data set is in the exchange format; each query's ground truth is its `sequence` (tools in
+the order used, repeats dropped after the first). A set without `sequence` falls back to
+`relevant` in file order, and the result says so (`"sequence_from": "relevant"`; "mixed" when
+only some queries have one): such a set has no real order, so next-step figures on it measure
+co-usage rather than order. Queries with fewer than `--min-steps` steps are left out.
+
+Each fold learns as `pml eval tools --folds` does (see `eval_folds`): a tenant of its own gets
+the catalog, every set of tools used together by a training query becomes a capability whose
+`tools` are listed in the order the queries ran them, every training query is published as an
+`ExecutionCompleted` whose steps run in sequence order with each step `depends_on` the one
+before, and the evaluation waits until the scorer serves a model trained on all of them. Then
+every test query of n steps is asked n times for the next step (PredictNext with the first
+i = 0..n-1 steps as context) and once for a whole workflow (SuggestDag), with the chosen method;
+the metrics are those of `plan_metrics`. The tenant is deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import grpc
+from rich.console import Console
+from rich.progress import Progress
+
+from pml.v1 import planner_pb2, search_pb2
+from pml_cli import client
+from pml_cli.catalog_files import CatalogFileError, load_catalog
+from pml_cli.eval_folds import fold_split, learn_from, steps_of
+from pml_cli.eval_tools import EvalError, ToolQuery, load_queries
+from pml_cli.local_stack import running_system
+from pml_cli.plan_metrics import PlanMetrics, next_step_cases
+from pml_common.settings import Settings
+
+PLAN_SERVICES = ("search", "trainer", "scorer", "planner")
+RPC_TIMEOUT_S = 60.0
+IN_FLIGHT = 4
+
+T = TypeVar("T")
+
+
+class PlannerStub(Protocol):
+    def PredictNext(
+        self, request: planner_pb2.PredictNextRequest, timeout: float
+    ) -> planner_pb2.PredictNextResponse: ...
+
+    def SuggestDag(
+        self, request: planner_pb2.SuggestDagRequest, timeout: float
+    ) -> planner_pb2.SuggestDagResponse: ...
+
+
+def sequence_source(queries: Sequence[ToolQuery]) -> str:
+    """ "sequence" when every query has one, "relevant" when none has, else "mixed"."""
+    having = sum(1 for q in queries if q.sequence)
+    if having == len(queries):
+        return "sequence"
+    return "relevant" if having == 0 else "mixed"
+
+
+def plan_queries(queries: Sequence[ToolQuery], min_steps: int) -> list[ToolQuery]:
+    """Queries with at least `min_steps` distinct steps."""
+    return [q for q in queries if len(steps_of(q)) >= min_steps]
+
+
+def candidates_of(reply: planner_pb2.PredictNextResponse) -> list[str]:
+    """The ranked candidates; just the next tool when a reply lists none."""
+    ranked = [c.tool for c in reply.candidates]
+    if not ranked and reply.next_tool:
+        ranked = [reply.next_tool]
+    return ranked
+
+
+def evaluate_plan(
+    settings: Settings,
+    data: Path,
+    method: str,
+    folds: int,
+    min_steps: int,
+    max_queries: int | None,
+    console: Console,
+) -> dict[str, Any]:
+    if method not in client.PLAN_METHODS:
+        choices = ", ".join(client.PLAN_METHODS)
+        raise EvalError(f"unknown method {method!r}; choose one of {choices}")
+    if min_steps < 1:
+        raise EvalError("--min-steps must be at least 1")
+    try:
+        tools = load_catalog(data / "catalog.jsonl")
+    except CatalogFileError as exc:
+        raise EvalError(str(exc)) from exc
+    queries = plan_queries(load_queries(data / "queries.jsonl"), min_steps)
+    queries = queries[:max_queries] if max_queries is not None else queries
+    if not queries:
+        raise EvalError(f"{data / 'queries.jsonl'}: no query with {min_steps}+ steps")
+    source = sequence_source(queries)
+    if source != "sequence":
+        console.log(f"queries without `sequence`: using `relevant` in file order ({source})")
+    split = fold_split(len(queries), folds)
+    metrics = PlanMetrics(tool_ids={t.id for t in tools})
+    accepted = {"next": 0, "dag": 0}
+    started = time.perf_counter()
+    with running_system(settings, console, PLAN_SERVICES) as live:
+        for number, test_rows in enumerate(split):
+            label = f"fold {number + 1}/{folds}"
+            train = [queries[i] for f, rows in enumerate(split) if f != number for i in rows]
+            test = [queries[i] for i in test_rows]
+            tenant = f"eval-{uuid.uuid4().hex[:12]}"
+            try:
+                with console.status(f"{label}: registering {len(tools)} tools…"):
+                    client.register_tools(live, tenant, tools)
+                learn_from(live, tenant, train, console, label, ordered=True)
+                counts = run_plans(
+                    client.planner_stub(live), tenant, method, test, metrics, console, label
+                )
+                for kind, count in counts.items():
+                    accepted[kind] += count
+            finally:
+                client.search_stub(live).DeleteTenant(
+                    search_pb2.DeleteTenantRequest(tenant_id=tenant), timeout=120
+                )
+    result = metrics.result()
+    return {
+        "method": method,
+        "folds": folds,
+        "min_steps": min_steps,
+        "sequence_from": source,
+        **result,
+        "next_accepted": _share(accepted["next"], int(result["predictions"])),
+        "dag_accepted": _share(accepted["dag"], int(result["queries"])),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def _share(count: int, total: int) -> float:
+    return round(count / total, 4) if total else 0.0
+
+
+def run_plans(
+    stub: PlannerStub,
+    tenant: str,
+    method: str,
+    queries: Sequence[ToolQuery],
+    metrics: PlanMetrics,
+    console: Console,
+    label: str,
+) -> dict[str, int]:
+    """Ask for every next step and one DAG per query; add them to `metrics`.
+
+    Returns how many next-step and DAG answers the planner marked accepted.
+    """
+
+    def ask(
+        query: ToolQuery,
+    ) -> tuple[list[planner_pb2.PredictNextResponse], planner_pb2.SuggestDagResponse]:
+        steps = steps_of(query)
+        nexts = [
+            _retrying(
+                partial(
+                    stub.PredictNext,
+                    planner_pb2.PredictNextRequest(
+                        tenant_id=tenant, intent=query.query, context_tools=context, method=method
+                    ),
+                    timeout=RPC_TIMEOUT_S,
+                )
+            )
+            for context, _ in next_step_cases(steps)
+        ]
+        dag = _retrying(
+            partial(
+                stub.SuggestDag,
+                planner_pb2.SuggestDagRequest(tenant_id=tenant, intent=query.query, method=method),
+                timeout=RPC_TIMEOUT_S,
+            )
+        )
+        return nexts, dag
+
+    accepted = {"next": 0, "dag": 0}
+    with (
+        Progress(console=console, transient=True) as progress,
+        ThreadPoolExecutor(IN_FLIGHT) as pool,
+    ):
+        task = progress.add_task(f"{label}: {method} plans", total=len(queries))
+        for query, (nexts, dag) in zip(queries, pool.map(ask, queries), strict=True):
+            steps = steps_of(query)
+            for (_, expected), reply in zip(next_step_cases(steps), nexts, strict=True):
+                metrics.add_next(candidates_of(reply), expected)
+                accepted["next"] += int(reply.accepted)
+            metrics.add_dag(
+                dag.nodes, [(e.source, e.target) for e in dag.edges], list(dag.order), steps
+            )
+            accepted["dag"] += int(dag.accepted)
+            progress.advance(task)
+    return accepted
+
+
+def _retrying(call: Callable[[], T]) -> T:
+    """One retry on UNAVAILABLE, so a blip on a shared machine does not void a long run."""
+    try:
+        return call()
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+            raise
+        return call()

@@ -1,0 +1,147 @@
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pml.v1 import planner_pb2
+from pml_cli import client
+from pml_cli.main import app
+from pml_common.local_runtime import free_port
+
+runner = CliRunner()
+
+
+class CannedPlanner:
+    def __init__(self) -> None:
+        self.requests: list[object] = []
+
+    def PredictNext(
+        self, request: planner_pb2.PredictNextRequest, timeout: float
+    ) -> planner_pb2.PredictNextResponse:
+        self.requests.append(request)
+        return planner_pb2.PredictNextResponse(
+            next_tool="git:git_commit",
+            target_capability="co-used:commit",
+            path=["git:git_add", "git:git_commit"],
+            confidence=0.8,
+            threshold=0.6,
+            accepted=True,
+            reason="shortest hyperpath",
+            method=request.method,
+            candidates=[
+                planner_pb2.NextCandidate(tool="git:git_commit", score=0.8),
+                planner_pb2.NextCandidate(tool="git:git_push", score=0.3),
+            ],
+        )
+
+    def SuggestDag(
+        self, request: planner_pb2.SuggestDagRequest, timeout: float
+    ) -> planner_pb2.SuggestDagResponse:
+        self.requests.append(request)
+        return planner_pb2.SuggestDagResponse(
+            target_capability="co-used:commit",
+            nodes=["git:git_add", "git:git_commit"],
+            edges=[
+                planner_pb2.DagEdge(
+                    source="git:git_add", target="git:git_commit", type="dependency"
+                )
+            ],
+            order=["git:git_add", "git:git_commit"],
+            confidence=0.4,
+            threshold=0.6,
+            accepted=False,
+            reason="below threshold",
+        )
+
+
+@pytest.fixture
+def canned(monkeypatch: pytest.MonkeyPatch) -> CannedPlanner:
+    stub = CannedPlanner()
+    monkeypatch.setattr(client, "planner_stub", lambda settings: stub)
+    return stub
+
+
+def test_plan_next_prints_readably(canned: CannedPlanner) -> None:
+    result = runner.invoke(
+        app, ["plan", "next", "commit my work", "--context", "git:git_add", "--method", "legacy"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "git:git_commit" in result.stdout and "git:git_push" in result.stdout
+    assert "threshold 0.600" in result.stdout and "accepted" in result.stdout
+    (request,) = canned.requests
+    assert list(request.context_tools) == ["git:git_add"] and request.method == "legacy"
+    assert request.tenant_id == "default"
+
+
+def test_plan_next_json(canned: CannedPlanner) -> None:
+    result = runner.invoke(app, ["plan", "next", "commit", "--json", "--tenant", "t1"])
+    assert result.exit_code == 0, result.output
+    reply = json.loads(result.stdout)
+    assert reply["next_tool"] == "git:git_commit"
+    assert [c["tool"] for c in reply["candidates"]] == ["git:git_commit", "git:git_push"]
+    assert canned.requests[0].tenant_id == "t1" and canned.requests[0].method == "drdsp"
+
+
+def test_plan_dag_prints_and_json(canned: CannedPlanner) -> None:
+    result = runner.invoke(app, ["plan", "dag", "commit my work"])
+    assert result.exit_code == 0, result.output
+    assert "not accepted" in result.stdout and "dependency" in result.stdout
+    assert "git:git_add → git:git_commit" in result.stdout
+    result = runner.invoke(app, ["plan", "dag", "commit my work", "--json", "--method", "search"])
+    reply = json.loads(result.stdout)
+    assert reply["edges"] == [
+        {"source": "git:git_add", "target": "git:git_commit", "type": "dependency"}
+    ]
+    assert reply["accepted"] is False and canned.requests[-1].method == "search"
+
+
+@pytest.mark.parametrize("command", ["next", "dag"])
+def test_plan_rejects_unknown_method(canned: CannedPlanner, command: str) -> None:
+    result = runner.invoke(app, ["plan", command, "x", "--method", "shgat"])
+    assert result.exit_code == 1
+    assert "unknown method 'shgat'" in result.stderr
+    assert not canned.requests
+
+
+def test_plan_needs_an_intent() -> None:
+    assert runner.invoke(app, ["plan", "next"]).exit_code == 2
+    assert runner.invoke(app, ["plan", "dag"]).exit_code == 2
+
+
+@pytest.mark.parametrize("command", ["next", "dag"])
+def test_plan_without_a_planner(monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+    monkeypatch.setenv("PML_PLANNER_ADDR", f"127.0.0.1:{free_port()}")
+    result = runner.invoke(app, ["plan", command, "commit my work"])
+    assert result.exit_code == 3
+    assert "unavailable" in result.stderr
+
+
+def test_eval_plan_bad_input(tmp_path: Path) -> None:
+    assert runner.invoke(app, ["eval", "plan"]).exit_code == 2  # --data is required
+    result = runner.invoke(app, ["eval", "plan", "--data", str(tmp_path), "--method", "shgat"])
+    assert result.exit_code == 1 and "unknown method" in result.stderr
+    result = runner.invoke(app, ["eval", "plan", "--data", str(tmp_path)])
+    assert result.exit_code == 1 and "cannot read" in result.stderr
+    result = runner.invoke(app, ["eval", "plan", "--data", str(tmp_path), "--folds", "x"])
+    assert result.exit_code == 2
+
+
+def test_make_workflows(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["eval", "make-workflows", "--out", str(tmp_path / "w"), "--seed", "2"]
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "w" / "catalog.jsonl").is_file()
+    assert (tmp_path / "w" / "queries.jsonl").is_file()
+    assert "workflows" in result.stdout
+    derived = runner.invoke(
+        app, ["eval", "make-workflows", "--from", str(tmp_path / "w"), "--out", str(tmp_path / "d")]
+    )
+    assert derived.exit_code == 0, derived.output
+    assert "sequence_from: sequence" in derived.stdout
+    missing = runner.invoke(
+        app,
+        ["eval", "make-workflows", "--from", str(tmp_path / "nope"), "--out", str(tmp_path / "e")],
+    )
+    assert missing.exit_code == 1 and "cannot read" in missing.stderr
