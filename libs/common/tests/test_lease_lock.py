@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import sys
@@ -275,3 +276,36 @@ async def test_killed_holder_is_replaced_within_two_leases(
         if holder.returncode is None:
             holder.kill()
         await holder.wait()
+
+
+async def test_leaving_hold_stops_the_heartbeat_even_when_a_renewal_swallows_the_cancel(
+    redis: aioredis.Redis, names: tuple[str, str]
+) -> None:
+    name, fencing = names
+
+    class SwallowingLock(LeaseLock):
+        """The first renewal turns a cancel into a timeout, as a Redis call caught mid-read
+        can; later renewals work, so a heartbeat that ignored the cancel would run forever."""
+
+        swallowed = False
+
+        async def renew(self, lease: Lease) -> bool:
+            if not self.swallowed:
+                try:
+                    await asyncio.sleep(0.2)
+                except asyncio.CancelledError:
+                    self.swallowed = True
+                    raise TimeoutError("a cancel surfacing as a timeout") from None
+            return await super().renew(lease)
+
+    lock = SwallowingLock(redis, name, lease_ms=1500, fencing_key=fencing)
+    lease = await lock.try_acquire()
+    assert lease is not None
+    started = time.monotonic()
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(10):  # a heartbeat that ignores the cancel never ends
+            async with lock.hold(lease):
+                await asyncio.sleep(0.6)  # the heartbeat (every 0.5 s) is now inside renew()
+    assert time.monotonic() - started < 5, "leaving hold() waited on its heartbeat"
+    assert lock.swallowed
+    assert lease.lost.is_set()

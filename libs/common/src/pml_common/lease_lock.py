@@ -196,6 +196,9 @@ class LeaseLock:
         try:
             yield lease
         finally:
+            # The flag ends the heartbeat's loop even if the cancellation below is swallowed:
+            # a cancel landing inside a Redis call can surface as a timeout the loop retries.
+            lease.lost.set()
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
@@ -223,6 +226,9 @@ class LeaseLock:
                     if not await self.renew(lease):
                         return
             except _REDIS_ERRORS as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise asyncio.CancelledError from exc  # being stopped, not a Redis failure
                 log.warning(
                     "lease.renew_failed", lock=lease.name, token=lease.token, error=repr(exc)
                 )
