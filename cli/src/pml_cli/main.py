@@ -9,7 +9,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import grpc
 import typer
@@ -41,6 +41,16 @@ out = Console()
 
 DEMO_CATALOG = Path(__file__).parent / "demo" / "catalog.jsonl"
 TenantOpt = Annotated[str | None, typer.Option("--tenant", help="Tenant (default: settings).")]
+
+
+def _emit(result: dict[str, Any], as_json: bool) -> None:
+    """A command's result: one JSON object on stdout, or aligned `key: value` lines."""
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+        return
+    width = max((len(k) for k in result), default=0)
+    for key, value in result.items():
+        out.print(f"{key:>{width}}: {value}")
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -205,11 +215,7 @@ def eval_tools(
         fail(str(exc))
     except grpc.RpcError as exc:
         rpc_failure(exc)
-    if as_json:
-        sys.stdout.write(json.dumps(result) + "\n")
-    else:
-        for key, value in result.items():
-            out.print(f"{key:>12}: {value}")
+    _emit(result, as_json)
 
 
 @eval_app.command("synthetic")
@@ -223,11 +229,7 @@ def eval_synthetic(
     from pml_cli.eval_synthetic import evaluate_synthetic
 
     result = evaluate_synthetic(folds, steps, seed, Settings().shgat_key_dim, err)
-    if as_json:
-        sys.stdout.write(json.dumps(result) + "\n")
-    else:
-        for key, value in result.items():
-            out.print(f"{key:>12}: {value}")
+    _emit(result, as_json)
 
 
 @plan_app.command("next")
@@ -300,11 +302,7 @@ def eval_plan(
         fail(str(exc))
     except grpc.RpcError as exc:
         rpc_failure(exc)
-    if as_json:
-        sys.stdout.write(json.dumps(result) + "\n")
-    else:
-        for key, value in result.items():
-            out.print(f"{key:>13}: {value}")
+    _emit(result, as_json)
 
 
 @eval_app.command("make-workflows")
@@ -344,11 +342,7 @@ def bench_search(
     from pml_cli.bench_search import bench_search as run_bench
 
     result = run_bench(Settings(), tools, requests, clients, err)
-    if as_json:
-        sys.stdout.write(json.dumps(result) + "\n")
-    else:
-        for key, value in result.items():
-            out.print(f"{key:>16}: {value}")
+    _emit(result, as_json)
 
 
 @bench_app.command("scorer")
@@ -367,11 +361,7 @@ def bench_scorer(
         result = run_bench(Settings(), capabilities, requests, rounds, err)
     except grpc.RpcError as exc:
         rpc_failure(exc)
-    if as_json:
-        sys.stdout.write(json.dumps(result) + "\n")
-    else:
-        for key, value in result.items():
-            out.print(f"{key:>22}: {value}")
+    _emit(result, as_json)
 
 
 @bench_app.command("planner")
@@ -384,11 +374,7 @@ def bench_planner(
     from pml_cli.bench_planner import bench_planner as run_bench
 
     result = run_bench(hyperedges, queries, err)
-    if as_json:
-        sys.stdout.write(json.dumps(result) + "\n")
-    else:
-        for key, value in result.items():
-            out.print(f"{key:>22}: {value}")
+    _emit(result, as_json)
 
 
 @config_app.command("docs")
