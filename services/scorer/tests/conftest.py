@@ -6,14 +6,13 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import grpc
-import neo4j
 import pytest
 import redis.asyncio
 
 from pml.v1 import scorer_pb2_grpc
 from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
-from pml_common.stores import neo4j_driver, redis_client
+from pml_common.stores import redis_client
 
 if TYPE_CHECKING:
     from pml_scorer.main import ScorerApp
@@ -33,14 +32,6 @@ async def app(settings: Settings) -> AsyncIterator[ScorerApp]:
 async def stub(app: ScorerApp) -> AsyncIterator[scorer_pb2_grpc.ScorerServiceStub]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as channel:
         yield scorer_pb2_grpc.ScorerServiceStub(channel)
-
-
-@pytest.fixture
-async def graph_db(settings: Settings) -> AsyncIterator[neo4j.AsyncDriver]:
-    """A Neo4j driver for tests that write the graph the way the trainer does."""
-    driver = neo4j_driver(settings)
-    yield driver
-    await driver.close()
 
 
 @pytest.fixture

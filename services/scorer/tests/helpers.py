@@ -8,14 +8,11 @@ a fencing token taken from the trainer's fencing counter, as a trainer holding t
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import TypeVar
 
 import neo4j
 import numpy as np
-import pytest
 import redis.asyncio
 
 from pml_common.embedding import Embedder
@@ -156,17 +153,3 @@ async def publish_model(
     """Publish as the lock holder would: the newest fencing token (INCR of the counter)."""
     token = int(await redis_db.incr(FENCING_COUNTER_KEY))
     return await registry.publish(tenant, to_bytes(config, params), token, metrics or {})
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T]], done: Callable[[T], bool], within_s: float = 20.0
-) -> T:
-    """Poll `probe` until `done(value)`; fail with the last value after `within_s` seconds."""
-    deadline = time.monotonic() + within_s
-    while True:
-        value = await probe()
-        if done(value):
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {within_s}s; last value: {value!r}")
-        await asyncio.sleep(0.05)

@@ -13,11 +13,11 @@ from pml.v1 import scorer_pb2, scorer_pb2_grpc
 from pml_common.events import GraphChanged, ModelPublished, TenantDeleted
 from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
+from pml_common.testing import eventually
 from pml_scorer.consumers import EVENTS, replica_group
 from pml_scorer.main import ScorerApp
 
 from .helpers import (
-    eventually,
     hierarchy_of,
     initial,
     publish_model,

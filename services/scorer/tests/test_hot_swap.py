@@ -24,11 +24,18 @@ from pml.v1 import scorer_pb2, scorer_pb2_grpc
 from pml_common.events import ModelPublished
 from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
+from pml_common.testing import eventually
 from pml_scorer.main import ScorerApp
 from pml_shgat.params import Params
 from pml_shgat.serving import ScoredNode, ServingModel
 
-from .helpers import eventually, hierarchy_of, initial, publish_model, variant, write_catalog
+from .helpers import (
+    hierarchy_of,
+    initial,
+    publish_model,
+    variant,
+    write_catalog,
+)
 
 INTENTS = ["take a screenshot of a web page", "commit and push my changes"]
 CLIENTS = 6

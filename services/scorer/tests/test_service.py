@@ -20,13 +20,13 @@ from pml.v1 import scorer_pb2, scorer_pb2_grpc
 from pml_common.events import ModelPublished
 from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
+from pml_common.testing import eventually
 from pml_scorer.main import ScorerApp
 from pml_shgat.serving import ScoredNode, ServingModel
 
 from .helpers import (
     CAPABILITIES,
     TOOLS,
-    eventually,
     hierarchy_of,
     initial,
     publish_model,

@@ -6,12 +6,10 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import grpc
-import neo4j
 import pytest
 
 from pml.v1 import search_pb2_grpc
 from pml_common.settings import Settings
-from pml_common.stores import neo4j_driver
 
 if TYPE_CHECKING:
     from pml_search.main import SearchApp
@@ -31,11 +29,3 @@ async def app(settings: Settings) -> AsyncIterator[SearchApp]:
 async def stub(app: SearchApp) -> AsyncIterator[search_pb2_grpc.SearchServiceStub]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as channel:
         yield search_pb2_grpc.SearchServiceStub(channel)
-
-
-@pytest.fixture
-async def graph_db(settings: Settings) -> AsyncIterator[neo4j.AsyncDriver]:
-    """A Neo4j driver for tests that write graph facts the way the trainer does."""
-    driver = neo4j_driver(settings)
-    yield driver
-    await driver.close()

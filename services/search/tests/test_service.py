@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import grpc
@@ -13,6 +11,7 @@ import pytest
 
 from pml.v1 import common_pb2, search_pb2, search_pb2_grpc
 from pml_common.events import GraphChanged, ToolSpec, ToolsRegistered
+from pml_common.testing import eventually
 from pml_search.catalog_index import TOOL
 from pml_search.main import SearchApp
 from pml_search.validation import tool_entry
@@ -42,20 +41,6 @@ def tools(catalog: list[tuple[str, str]] = CATALOG) -> list[common_pb2.Tool]:
         common_pb2.Tool(id=i, server=i.split(":")[0], name=i.split(":")[1], description=d)
         for i, d in catalog
     ]
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T]], done: Callable[[T], bool], within_s: float = 20.0
-) -> T:
-    """Poll `probe` until `done(value)`; fail with the last value after `within_s` seconds."""
-    deadline = time.monotonic() + within_s
-    while True:
-        value = await probe()
-        if done(value):
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {within_s}s; last value: {value!r}")
-        await asyncio.sleep(0.1)
 
 
 async def write_tool_stats(

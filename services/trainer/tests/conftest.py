@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import neo4j
 import pytest
 
 from pml_common.settings import Settings
-from pml_common.stores import neo4j_driver
 from pml_trainer.graph_store import GraphStore
 
 
 @pytest.fixture
-async def driver(settings: Settings) -> AsyncIterator[neo4j.AsyncDriver]:
-    drv = neo4j_driver(settings)
-    try:
-        yield drv
-    finally:
-        await drv.close()
+def driver(graph_db: neo4j.AsyncDriver) -> neo4j.AsyncDriver:
+    """The trainer's tests call the suite's Neo4j driver `driver`."""
+    return graph_db
 
 
 @pytest.fixture

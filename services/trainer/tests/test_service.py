@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import signal
 import subprocess
-import sys
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -22,9 +19,8 @@ from pml_common.events import (
     ToolSpec,
     ToolsRegistered,
 )
-from pml_common.healthcheck import check
-from pml_common.local_runtime import free_port
 from pml_common.settings import Settings
+from pml_common.testing import eventually, service_process
 from pml_trainer.graph_store import GraphStore
 
 pytestmark = pytest.mark.skipif(
@@ -62,43 +58,17 @@ TOOLS = [
 
 @pytest.fixture
 def trainer(settings_env: dict[str, str], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    port = free_port()
-    log_path = tmp_path / "trainer.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pml_trainer"],
-            env={**settings_env, "PML_TRAINER_PORT": str(port)},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 90
-        while not check(f"127.0.0.1:{port}", timeout=1.0):
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, "trainer never became healthy"
-            time.sleep(0.3)
+    with service_process(
+        "pml_trainer", "PML_TRAINER_PORT", settings_env, tmp_path / "trainer.log", within_s=90
+    ) as service:
+        proc = service.proc
         yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-                pytest.fail("trainer did not stop within 30s of SIGTERM")
-    assert proc.returncode == 0, log_path.read_text()[-3000:]
-
-
-async def eventually(probe: Callable[[], Awaitable[T]], ok: Callable[[T], bool]) -> T:
-    deadline = time.monotonic() + 60
-    value = await probe()
-    while not ok(value):
-        assert time.monotonic() < deadline, f"condition not met; last value: {value!r}"
-        await asyncio.sleep(0.25)
-        value = await probe()
-    return value
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("trainer did not stop within 30s of SIGTERM")
+        assert proc.returncode == 0, service.log_tail()
 
 
 async def test_trainer_process_applies_events_and_announces_changes(
@@ -117,7 +87,7 @@ async def test_trainer_process_applies_events_and_announces_changes(
     await bus.start()
     try:
         await bus.publish(ToolsRegistered.create(tenant_id=tenant, tools=TOOLS))
-        edges = await eventually(lambda: store.edges(tenant), lambda e: len(e) > 0)
+        edges = await eventually(lambda: store.edges(tenant), lambda e: len(e) > 0, within_s=60)
         # Different servers, dissimilar descriptions: the template edge stands as written.
         assert ("fetch:fetch", "filesystem:write_file", "template") in {
             (e.src, e.dst, e.source) for e in edges
@@ -138,18 +108,21 @@ async def test_trainer_process_applies_events_and_announces_changes(
                 for e in edges
             )
 
-        await eventually(lambda: store.edges(tenant), promoted)
+        await eventually(lambda: store.edges(tenant), promoted, within_s=60)
         stats = await store.success_stats(tenant, ["git:git_commit"])
         assert stats["git:git_commit"].executions == 3
         await eventually(
             lambda: _reasons(announced),
             # Separate streams are consumed concurrently: the order between them is not fixed.
             lambda r: sorted(r) == ["execution_completed"] * 3 + ["tools_registered"],
+            within_s=60,
         )
 
         await bus.publish(TenantDeleted.create(tenant_id=tenant))
-        await eventually(lambda: store.edges(tenant), lambda e: e == [])
-        await eventually(lambda: _reasons(announced), lambda r: r[-1] == "tenant_deleted")
+        await eventually(lambda: store.edges(tenant), lambda e: e == [], within_s=60)
+        await eventually(
+            lambda: _reasons(announced), lambda r: r[-1] == "tenant_deleted", within_s=60
+        )
     finally:
         await bus.stop()
 
