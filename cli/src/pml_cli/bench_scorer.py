@@ -31,11 +31,10 @@ from pml.v1 import common_pb2, scorer_pb2, scorer_pb2_grpc, search_pb2
 from pml_cli import client
 from pml_cli.catalog_files import load_catalog
 from pml_cli.local_stack import running_system
-from pml_common.embedding import build_embedder
+from pml_common.embedding import Embedder, build_embedder
 from pml_common.events import ExecutionCompleted, ExecutionStep
 from pml_common.grpc_server import GrpcServer
 from pml_common.settings import Settings
-from pml_common.stores import redis_client
 from pml_scorer.models import TenantModel
 from pml_scorer.service import ScorerServicer
 from pml_scorer.snapshots import ModelSnapshots
@@ -57,7 +56,10 @@ def bench_scorer(
     console: Console,
 ) -> dict[str, Any]:
     rng = np.random.default_rng(0)
-    dim = 512 if settings.embedder == "use" else 384
+    # Intents are given as embeddings, so no embedding is computed: the servicer only checks
+    # their size against the configured embedder's.
+    embedder = build_embedder(settings, None)
+    dim = embedder.dim
     with console.status(f"building a hierarchy of {capabilities} capabilities…"):
         hierarchy = _synthetic_hierarchy(capabilities, max(100, capabilities // 50), dim, rng)
         config = make_config(dim, settings.shgat_key_dim, hierarchy.num_nodes)
@@ -67,7 +69,7 @@ def bench_scorer(
         build_s = time.perf_counter() - started
     intents = normalise_rows(rng.standard_normal((64, dim)))
     inproc = _timed(lambda i: model.score_capabilities(intents[i % 64], 10), 200)
-    latencies = asyncio.run(_grpc_latencies(settings, model, intents, requests, console))
+    latencies = asyncio.run(_grpc_latencies(settings, model, embedder, intents, requests, console))
     result: dict[str, Any] = {
         "capabilities": capabilities,
         "tools": hierarchy.num_tools,
@@ -114,15 +116,13 @@ class _FixedBuilder:
 async def _grpc_latencies(
     settings: Settings,
     model: ServingModel,
+    embedder: Embedder,
     intents: np.ndarray,
     requests: int,
     console: Console,
 ) -> list[float]:
-    redis = redis_client(settings)
     server = GrpcServer(settings, 0, "scorer-bench")
-    servicer = ScorerServicer(
-        settings, ModelSnapshots(_FixedBuilder(model)), build_embedder(settings, redis)
-    )
+    servicer = ScorerServicer(settings, ModelSnapshots(_FixedBuilder(model)), embedder)
     server.add(
         lambda s: scorer_pb2_grpc.add_ScorerServiceServicer_to_server(servicer, s),
         "pml.v1.ScorerService",
@@ -149,7 +149,6 @@ async def _grpc_latencies(
             return latencies
     finally:
         await server.stop()
-        await redis.aclose()
 
 
 def _train_step(dim: int, key_dim: int, rng: np.random.Generator) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,8 +27,16 @@ from rich.console import Console
 
 from pml.v1 import common_pb2, scorer_pb2, search_pb2
 from pml_cli import client
-from pml_cli.catalog_files import CatalogFileError, load_catalog
-from pml_cli.eval_tools import TOP_K, EvalError, ToolQuery, load_queries, rank_queries, ranker
+from pml_cli.eval_tools import (
+    TOP_K,
+    EvalError,
+    ToolQuery,
+    eval_tenant,
+    load_queries,
+    load_tool_catalog,
+    rank_queries,
+    ranker,
+)
 from pml_cli.local_stack import running_system
 from pml_cli.metrics import ToolMetrics
 from pml_common.events import ExecutionCompleted, ExecutionStep
@@ -69,10 +76,7 @@ def evaluate_folds(
 ) -> dict[str, Any]:
     if method not in FOLD_METHODS:
         raise EvalError(f"--folds supports {', '.join(FOLD_METHODS)}, not {method!r}")
-    try:
-        tools = load_catalog(data / "catalog.jsonl")
-    except CatalogFileError as exc:
-        raise EvalError(str(exc)) from exc
+    tools = load_tool_catalog(data)
     queries = [q for q in load_queries(data / "queries.jsonl") if len(q.relevant) >= min_relevant]
     queries = queries[:max_queries] if max_queries is not None else queries
     if not queries:
@@ -85,16 +89,10 @@ def evaluate_folds(
         for number, test_rows in enumerate(split):
             train = [queries[i] for f, rows in enumerate(split) if f != number for i in rows]
             test = [queries[i] for i in test_rows]
-            tenant = f"eval-{uuid.uuid4().hex[:12]}"
-            try:
-                with console.status(f"fold {number + 1}/{folds}: registering {len(tools)} tools…"):
-                    client.register_tools(live, tenant, tools)
+            label = f"fold {number + 1}/{folds}"
+            with eval_tenant(live, tools, console, label) as tenant:
                 rank = _prepare(live, tenant, method, train, console, number, folds)
-                rank_queries(rank, test, metrics, console, f"fold {number + 1}/{folds}: {method}")
-            finally:
-                client.search_stub(live).DeleteTenant(
-                    search_pb2.DeleteTenantRequest(tenant_id=tenant), timeout=120
-                )
+                rank_queries(rank, test, metrics, console, f"{label}: {method}")
     return {
         "method": method,
         "folds": folds,

@@ -19,7 +19,6 @@ the metrics are those of `plan_metrics`. The tenant is deleted afterwards.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -30,11 +29,10 @@ import grpc
 from rich.console import Console
 from rich.progress import Progress
 
-from pml.v1 import planner_pb2, search_pb2
+from pml.v1 import planner_pb2
 from pml_cli import client
-from pml_cli.catalog_files import CatalogFileError, load_catalog
 from pml_cli.eval_folds import fold_split, learn_from, steps_of
-from pml_cli.eval_tools import EvalError, ToolQuery, load_queries
+from pml_cli.eval_tools import EvalError, ToolQuery, eval_tenant, load_queries, load_tool_catalog
 from pml_cli.local_stack import running_system
 from pml_cli.plan_metrics import PlanMetrics, next_step_cases
 from pml_common.settings import Settings
@@ -91,10 +89,7 @@ def evaluate_plan(
         raise EvalError(f"unknown method {method!r}; choose one of {choices}")
     if min_steps < 1:
         raise EvalError("--min-steps must be at least 1")
-    try:
-        tools = load_catalog(data / "catalog.jsonl")
-    except CatalogFileError as exc:
-        raise EvalError(str(exc)) from exc
+    tools = load_tool_catalog(data)
     queries = plan_queries(load_queries(data / "queries.jsonl"), min_steps)
     queries = queries[:max_queries] if max_queries is not None else queries
     if not queries:
@@ -111,20 +106,13 @@ def evaluate_plan(
             label = f"fold {number + 1}/{folds}"
             train = [queries[i] for f, rows in enumerate(split) if f != number for i in rows]
             test = [queries[i] for i in test_rows]
-            tenant = f"eval-{uuid.uuid4().hex[:12]}"
-            try:
-                with console.status(f"{label}: registering {len(tools)} tools…"):
-                    client.register_tools(live, tenant, tools)
+            with eval_tenant(live, tools, console, label) as tenant:
                 learn_from(live, tenant, train, console, label, ordered=True)
                 counts = run_plans(
                     client.planner_stub(live), tenant, method, test, metrics, console, label
                 )
-                for kind, count in counts.items():
-                    accepted[kind] += count
-            finally:
-                client.search_stub(live).DeleteTenant(
-                    search_pb2.DeleteTenantRequest(tenant_id=tenant), timeout=120
-                )
+            for kind, count in counts.items():
+                accepted[kind] += count
     result = metrics.result()
     return {
         "method": method,

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from pml_cli import client
 from pml_cli.catalog_files import CatalogFileError, load_catalog
 from pml_cli.local_stack import running_system
 from pml_cli.metrics import ToolMetrics
+from pml_common.events import ToolSpec
 from pml_common.settings import Settings
 
 METHODS = ("cosine", "unified", "hybrid")
@@ -61,29 +63,43 @@ def load_queries(path: Path, limit: int | None = None) -> list[ToolQuery]:
     return queries
 
 
+def load_tool_catalog(data: Path) -> list[ToolSpec]:
+    """The set's `catalog.jsonl`, or an `EvalError` saying what is wrong with it."""
+    try:
+        return load_catalog(data / "catalog.jsonl")
+    except CatalogFileError as exc:
+        raise EvalError(str(exc)) from exc
+
+
+@contextmanager
+def eval_tenant(
+    settings: Settings, tools: Sequence[ToolSpec], console: Console, label: str = ""
+) -> Iterator[str]:
+    """A tenant of its own holding the catalog, deleted afterwards: evaluations leave nothing."""
+    tenant = f"eval-{uuid.uuid4().hex[:12]}"
+    prefix = f"{label}: " if label else ""
+    try:
+        with console.status(f"{prefix}registering {len(tools)} tools…"):
+            client.register_tools(settings, tenant, tools)
+        yield tenant
+    finally:
+        client.search_stub(settings).DeleteTenant(
+            search_pb2.DeleteTenantRequest(tenant_id=tenant), timeout=120
+        )
+
+
 def evaluate_tools(
     settings: Settings, data: Path, method: str, max_queries: int | None, console: Console
 ) -> dict[str, Any]:
     if method not in METHODS:
         raise EvalError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    try:
-        tools = load_catalog(data / "catalog.jsonl")
-    except CatalogFileError as exc:
-        raise EvalError(str(exc)) from exc
+    tools = load_tool_catalog(data)
     queries = load_queries(data / "queries.jsonl", max_queries)
     if not queries:
         raise EvalError(f"{data / 'queries.jsonl'}: no queries")
-    with running_system(settings, console) as live:
-        tenant = f"eval-{uuid.uuid4().hex[:12]}"
-        try:
-            with console.status(f"registering {len(tools)} tools…"):
-                client.register_tools(live, tenant, tools)
-            rank = ranker(live, tenant, method)
-            metrics = rank_queries(rank, queries, ToolMetrics(), console, f"{method}: queries")
-        finally:
-            client.search_stub(live).DeleteTenant(
-                search_pb2.DeleteTenantRequest(tenant_id=tenant), timeout=120
-            )
+    with running_system(settings, console) as live, eval_tenant(live, tools, console) as tenant:
+        rank = ranker(live, tenant, method)
+        metrics = rank_queries(rank, queries, ToolMetrics(), console, f"{method}: queries")
     return {"method": method, **metrics.result()}
 
 

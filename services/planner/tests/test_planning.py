@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from pml_common.events import ExecutionCompleted, ExecutionStep
 from pml_planner.graph_source import LinkInfo, NodeInfo, PlannerGraph
 from pml_planner.outcomes import outcome_of
-from pml_planner.planning import TenantPlanner, chain_plan, hyperedges_of
+from pml_planner.planning import Candidate, TenantPlanner, chain_plan, hyperedges_of
 
 
 def _graph(success_a: float | None = None, links: tuple[LinkInfo, ...] = ()) -> PlannerGraph:
@@ -41,7 +41,7 @@ def test_sync_changes_only_what_changed() -> None:
 
 def test_dag_of_a_nested_capability_and_its_reliability() -> None:
     planner = TenantPlanner.build(_graph(success_a=0.5))
-    plan = planner.suggest_dag("M", target_score=0.8)
+    plan = planner.suggest_dag(planner.target(Candidate("M", 0.8)))
     assert set(plan.nodes) == {"M", "A", "B", "s:a", "s:b", "s:c", "s:x"}
     assert plan.order[-1] == "M"
     assert plan.order.index("s:a") < plan.order.index("s:b")  # declared order
@@ -50,10 +50,10 @@ def test_dag_of_a_nested_capability_and_its_reliability() -> None:
 
 def test_next_step_follows_the_target_dag_after_the_context() -> None:
     planner = TenantPlanner.build(_graph())
-    plan = planner.predict_next("A", 0.9, ["s:a"], k=3)
+    plan = planner.predict_next(planner.target(Candidate("A", 0.9)), ["s:a"], k=3)
     assert [c.id for c in plan.candidates] == ["s:b"]
     assert plan.path[0] == "s:a" and plan.path[-1] == "A"
-    cold = planner.predict_next("B", 0.9, [], k=3)
+    cold = planner.predict_next(planner.target(Candidate("B", 0.9)), [], k=3)
     assert [c.id for c in cold.candidates] == ["s:c", "s:x"]
     assert cold.candidates[0].score > cold.candidates[1].score
 

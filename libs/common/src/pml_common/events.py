@@ -143,6 +143,10 @@ class GraphChanged(Event):
     reason: str
     node_ids: list[str] = Field(default_factory=list)
 
+    #: `reason` of a change made by an execution: statistics and links of existing nodes
+    #: (plus any node the run named that the graph did not have yet), never texts or members.
+    EXECUTION: ClassVar[str] = "execution_completed"
+
 
 class ModelPublished(Event):
     TYPE: ClassVar[str] = "ModelPublished"

@@ -139,9 +139,6 @@ class ShgatTrainer:
     def __post_init__(self) -> None:
         self.params = ensure_levels(self.params, self.config, self.hierarchy.num_levels)
 
-    def loss(self, batch: Batch) -> float:
-        return float(loss(self.params, self.hierarchy, self.config, batch))
-
     def step(self, batch: Batch) -> StepStats:
         value, grads = value_and_grad(loss)(self.params, self.hierarchy, self.config, batch)
         norm = float(np.sqrt(sum(float(np.sum(g * g)) for g in grads.values())))

@@ -43,6 +43,20 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Target:
+    """A target capability with its dependency DAG, computed once and used for the answer."""
+
+    id: str
+    score: float  # how well it fits the intent (SHGAT, or search)
+    dag: DependencyDag
+    reliability: float
+
+    @property
+    def confidence(self) -> float:
+        return self.score * self.reliability
+
+
+@dataclass(frozen=True)
 class NextPlan:
     candidates: tuple[Candidate, ...]
     target: str
@@ -123,40 +137,43 @@ class TenantPlanner:
 
     # --- drdsp ------------------------------------------------------------------------------
 
-    def reliability(self, target: str) -> tuple[DependencyDag, float]:
-        """The target's dependency DAG and its reliability: the product of 1/cost of the
-        capability hyperedges it was expanded with (1.0 for a target without members)."""
-        dag = self.drdsp.dependency_dag(target)
+    def target(self, candidate: Candidate) -> Target:
+        """The candidate with its dependency DAG and the DAG's reliability: the product of
+        1/cost of the capability hyperedges it was expanded with (1.0 without members)."""
+        dag = self.drdsp.dependency_dag(candidate.id)
         costs = [self._edges[e].cost for e in dag.hyperedges.values() if e in self._edges]
-        return dag, math.prod(1.0 / c for c in costs)
+        return Target(candidate.id, candidate.score, dag, math.prod(1.0 / c for c in costs))
 
-    def suggest_dag(self, target: str, target_score: float) -> DagPlan:
-        dag, reliability = self.reliability(target)
+    def choose_target(self, candidates: Sequence[Candidate]) -> Target | None:
+        """The known candidate of highest score × reliability (ties: the larger id), so that
+        a capability whose runs fail gives way to an equally fitting, reliable one."""
+        known = [self.target(c) for c in candidates if c.id in self.graph.nodes]
+        return max(known, key=lambda t: (t.confidence, t.id), default=None)
+
+    def suggest_dag(self, target: Target) -> DagPlan:
+        dag = target.dag
         edges = tuple((e.src, e.dst, e.kind) for e in dag.edges)
-        return DagPlan(target, dag.nodes, edges, dag.order, target_score * reliability)
+        return DagPlan(target.id, dag.nodes, edges, dag.order, target.confidence)
 
-    def predict_next(
-        self, target: str, target_score: float, context: Sequence[str], k: int
-    ) -> NextPlan:
+    def predict_next(self, target: Target, context: Sequence[str], k: int) -> NextPlan:
         done = set(context)
-        dag, reliability = self.reliability(target)
         ordered: list[str] = []
         path: tuple[str, ...] = ()
         current = context[-1] if context else None
         if current is not None and self.drdsp.graph.has_vertex(current):
-            hyperpath = self.drdsp.forward(current, target)
+            hyperpath = self.drdsp.forward(current, target.id)
             if hyperpath is not None:
                 path = hyperpath.vertices
-                ordered += [v for v in path[1:] if self._is_tool(v)]
-                ordered += [v for v in hyperpath.requires if self._is_tool(v)]
-        ordered += [v for v in dag.order if self._is_tool(v)]
+                ordered += [v for v in path[1:] if self.is_tool(v)]
+                ordered += [v for v in hyperpath.requires if self.is_tool(v)]
+        ordered += [v for v in target.dag.order if self.is_tool(v)]
         picked = [v for v in dict.fromkeys(ordered) if v not in done][:k]
         # Later candidates are less certain: each step down the list halves the score.
-        base = target_score * reliability
+        base = target.confidence
         candidates = tuple(Candidate(v, base / (2**i)) for i, v in enumerate(picked))
-        return NextPlan(candidates, target, path, base if picked else 0.0)
+        return NextPlan(candidates, target.id, path, base if picked else 0.0)
 
-    def _is_tool(self, node: str) -> bool:
+    def is_tool(self, node: str) -> bool:
         info = self.graph.nodes.get(node)
         return info is not None and info.kind == "tool"
 
@@ -167,7 +184,7 @@ class TenantPlanner:
             tool_links = [
                 (link.src, link.dst, link.weight)
                 for link in self.graph.links
-                if self._is_tool(link.src) and self._is_tool(link.dst) and link.weight > 0
+                if self.is_tool(link.src) and self.is_tool(link.dst) and link.weight > 0
             ]
             used = {n.id: n.last_used_at for n in self.graph.nodes.values() if n.kind == "tool"}
             self._legacy = ToolGraphFeatures.build(tool_links, used, tools=self.graph.tools)

@@ -7,6 +7,8 @@ search order for comparison. Every answer passes the adaptive threshold of its c
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import grpc  # type: ignore[import-untyped, unused-ignore]
 from opentelemetry import trace
 
@@ -14,8 +16,15 @@ from pml.v1 import planner_pb2, planner_pb2_grpc
 from pml_common.grpc_server import invalid_argument
 from pml_common.settings import Settings
 from pml_planner.outcomes import SuggestionMemory
-from pml_planner.planning import Candidate, DagPlan, NextPlan, TenantPlanner, chain_plan
-from pml_planner.targets import TargetCandidate, Targets, TargetSource
+from pml_planner.planning import (
+    Candidate,
+    DagPlan,
+    NextPlan,
+    Target,
+    TenantPlanner,
+    chain_plan,
+)
+from pml_planner.targets import TargetSource
 from pml_planner.tenants import TenantPlanners
 from pml_planner.thresholds import RedisThresholdStore, context_key
 
@@ -93,7 +102,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         decision = await self._thresholds.decide(
             tenant, context_key(method, "dag"), plan.confidence
         )
-        tools = [n for n in plan.order if n in set(planner.graph.tools)] or list(plan.order)
+        tools = [n for n in plan.order if planner.is_tool(n)] or list(plan.order)
         if decision.accepted and plan.nodes:
             await self._memory.remember(
                 tenant, intent, "dag", decision.context, plan.confidence, tools
@@ -112,31 +121,24 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
 
     # --- methods ----------------------------------------------------------------------------
 
-    async def _best_target(
-        self, tenant: str, intent: str, planner: TenantPlanner
-    ) -> tuple[TargetCandidate | None, Targets]:
-        """The target: SHGAT's (or search's) candidates weighed by their DAG's reliability,
-        so that a capability whose runs fail gives way to an equally fitting, reliable one."""
+    async def _target(self, tenant: str, intent: str, planner: TenantPlanner) -> Target | None:
         targets = await self._targets.capabilities(tenant, intent)
-        known = [c for c in targets.candidates if c.id in planner.graph.nodes]
-        if not known:
-            return None, targets
-        best = max(known, key=lambda c: (c.score * planner.reliability(c.id)[1], c.id))
-        return best, targets
+        trace.get_current_span().set_attribute("pml.planner.target_source", targets.source)
+        return planner.choose_target(targets.candidates)
 
     async def _drdsp_next(
         self, tenant: str, intent: str, tools: list[str], planner: TenantPlanner
     ) -> NextPlan:
-        target, _ = await self._best_target(tenant, intent, planner)
+        target = await self._target(tenant, intent, planner)
         if target is None:
             return NextPlan((), "", (), 0.0)
-        return planner.predict_next(target.id, target.score, tools, NEXT_CANDIDATES)
+        return planner.predict_next(target, tools, NEXT_CANDIDATES)
 
     async def _drdsp_dag(self, tenant: str, intent: str, planner: TenantPlanner) -> DagPlan:
-        target, _ = await self._best_target(tenant, intent, planner)
+        target = await self._target(tenant, intent, planner)
         if target is None:
             return chain_plan([], 0.0)
-        return planner.suggest_dag(target.id, target.score)
+        return planner.suggest_dag(target)
 
     async def _legacy_next(
         self, tenant: str, intent: str, tools: list[str], planner: TenantPlanner
@@ -171,8 +173,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         return tenant, text, chosen
 
 
-def _context_tools(tools: list[str] | object) -> list[str]:
-    values = [str(t).strip() for t in tools]  # type: ignore[attr-defined]
+def _context_tools(tools: Iterable[str]) -> list[str]:
+    values = [t.strip() for t in tools]
     if len(values) > MAX_CONTEXT:
         raise invalid_argument(f"context_tools has {len(values)} entries; at most {MAX_CONTEXT}")
     if any(not v or len(v) > MAX_ID for v in values):

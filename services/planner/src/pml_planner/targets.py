@@ -13,6 +13,7 @@ import grpc  # type: ignore[import-untyped, unused-ignore]
 import structlog
 
 from pml.v1 import scorer_pb2, scorer_pb2_grpc, search_pb2, search_pb2_grpc
+from pml_planner.planning import Candidate
 
 log = structlog.get_logger(__name__)
 
@@ -22,14 +23,8 @@ UNTRAINED = "untrained"
 
 
 @dataclass(frozen=True)
-class TargetCandidate:
-    id: str
-    score: float
-
-
-@dataclass(frozen=True)
 class Targets:
-    candidates: tuple[TargetCandidate, ...]
+    candidates: tuple[Candidate, ...]
     source: str  # "shgat:<version>" or "search"
 
 
@@ -51,20 +46,20 @@ class TargetSource:
                 timeout=self._timeout,
             )
             if reply.model_version != UNTRAINED and reply.scores:
-                scored = tuple(TargetCandidate(s.id, s.score) for s in reply.scores)
+                scored = tuple(Candidate(s.id, s.score) for s in reply.scores)
                 return Targets(scored, f"shgat:{reply.model_version}")
         except grpc.aio.AioRpcError as exc:
             log.warning("planner.scorer_unavailable", tenant=tenant, code=exc.code().name)
         return await self._from_search(tenant, intent)
 
-    async def tools(self, tenant: str, intent: str, limit: int) -> list[TargetCandidate]:
+    async def tools(self, tenant: str, intent: str, limit: int) -> list[Candidate]:
         reply = await self._search.Search(
             search_pb2.SearchRequest(
                 tenant_id=tenant, query=intent, limit=limit, kinds=[search_pb2.NODE_KIND_TOOL]
             ),
             timeout=self._timeout,
         )
-        return [TargetCandidate(r.id, r.final_score) for r in reply.results]
+        return [Candidate(r.id, r.final_score) for r in reply.results]
 
     async def _from_search(self, tenant: str, intent: str) -> Targets:
         reply = await self._search.Search(
@@ -76,4 +71,4 @@ class TargetSource:
             ),
             timeout=self._timeout,
         )
-        return Targets(tuple(TargetCandidate(r.id, r.final_score) for r in reply.results), "search")
+        return Targets(tuple(Candidate(r.id, r.final_score) for r in reply.results), "search")

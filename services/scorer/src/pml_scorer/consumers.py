@@ -8,6 +8,8 @@ they are now), so the bus's event-id dedupe is not needed.
 
 - `GraphChanged` → rebuild the tenant if this replica serves it: new tools and capabilities are
   scored without a restart (a change the model does not depend on keeps the current model).
+  An execution that touched only nodes the model already has changes statistics and links,
+  which the model does not read, so it does not even cost a read of the graph.
 - `ModelPublished` → rebuild the tenant if served, with the registry's current version.
 - `TenantDeleted` → forget the tenant.
 """
@@ -38,7 +40,17 @@ class ScorerConsumers:
         return group
 
     async def on_graph_changed(self, event: GraphChanged) -> None:
+        statistics_only = event.reason == GraphChanged.EXECUTION
+        if statistics_only and self._knows_all(event.tenant_id, event.node_ids):
+            return
         await self._snapshots.refresh(event.tenant_id)
+
+    def _knows_all(self, tenant: str, node_ids: list[str]) -> bool:
+        current = self._snapshots.peek(tenant)
+        if current is None:
+            return False
+        hierarchy = current.model.hierarchy
+        return all(hierarchy.node_index(node) is not None for node in node_ids)
 
     async def on_model_published(self, event: ModelPublished) -> None:
         await self._snapshots.refresh(event.tenant_id)

@@ -121,7 +121,7 @@ class TrainerHandlers:
         )
         if not applied:
             return self._duplicate(event)
-        await self._changed(event, "execution_completed", effect.node_ids)
+        await self._changed(event, GraphChanged.EXECUTION, effect.node_ids)
 
     async def on_tenant_deleted(self, event: TenantDeleted) -> None:
         deleted = await self._store.delete_tenant(event.tenant_id)
