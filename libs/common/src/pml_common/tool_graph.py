@@ -65,10 +65,6 @@ class ToolGraph:
     capabilities: tuple[GraphCapability, ...]
     tool_vectors: dict[str, NDArray[np.float32]]
 
-    @property
-    def size(self) -> int:
-        return len(self.tools) + len(self.capabilities)
-
 
 async def read_tool_graph(
     driver: AsyncDriver, database: str, tenant: str, embedder: Embedder

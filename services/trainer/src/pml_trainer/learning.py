@@ -119,10 +119,10 @@ class LearningLoop:
 
         Raises `RoundAbandoned` when the lease is lost or `stop` is set before the publish.
         """
-        started, wall_start = time.perf_counter(), time.time()
+        wall_start = time.time()
         log.info("learning.round_started", tenant=tenant, token=lease.token, at=wall_start)
         try:
-            return await self._round(tenant, lease, stop, started, wall_start)
+            return await self._round(tenant, lease, stop, wall_start)
         except RoundAbandoned as exc:
             log.warning(
                 "learning.round_abandoned",
@@ -139,7 +139,6 @@ class LearningLoop:
         tenant: str,
         lease: Lease,
         stop: asyncio.Event | None,
-        started: float,
         wall_start: float,
     ) -> ModelRecord | None:
         upto = await self._buffer.added_count(tenant)
@@ -163,7 +162,7 @@ class LearningLoop:
             "traces": float(await self._buffer.size(tenant)),
             # executions received before the round started: all of them could be sampled
             "traces_seen": float(upto),
-            "train_s": time.perf_counter() - started,
+            "train_s": time.time() - wall_start,
         }
         record = await self._publish(tenant, lease, config, trainer.params, metrics)
         await self._buffer.mark_trained(tenant, upto)
