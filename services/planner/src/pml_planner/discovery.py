@@ -91,8 +91,7 @@ class StrategicDiscovery:
         Capabilities without tools are left out: they have no overlap to score. `n_clusters`
         overrides the size rule (tests, experiments).
         """
-        members = {cap: frozenset(tools) for cap, tools in capabilities.items()}
-        members = {cap: tools for cap, tools in members.items() if tools}
+        members = {cap: tools for cap, m in capabilities.items() if (tools := frozenset(m))}
         return cls(members, spectral_clusters(members, n_clusters), version)
 
     def active_clusters(self, context_tools: Iterable[str]) -> frozenset[int]:
@@ -113,10 +112,10 @@ class StrategicDiscovery:
     def rank_capabilities(
         self, context_tools: Iterable[str], k: int = 10
     ) -> list[tuple[str, float]]:
-        """The k best capabilities for the context, best first, ties by id; zero scores omitted."""
-        return [(s.capability, s.score) for s in self.rank_explained(context_tools, k)]
+        """The k best capabilities for the context, best first, ties by id; zero scores omitted.
 
-    def rank_explained(self, context_tools: Iterable[str], k: int = 10) -> list[DiscoveryScore]:
+        `score` gives the terms of one capability's score.
+        """
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
         context = set(context_tools)
@@ -124,7 +123,7 @@ class StrategicDiscovery:
         scored = [self._score(cap, context, active) for cap in self.members]
         scored = [s for s in scored if s.score > 0]
         scored.sort(key=lambda s: (-s.score, s.capability))
-        return scored[:k]
+        return [(s.capability, s.score) for s in scored[:k]]
 
     def _score(self, capability: str, context: set[str], active: frozenset[int]) -> DiscoveryScore:
         tools = self.members.get(capability)

@@ -125,11 +125,16 @@ class ShortestPathTree:
         """The tree path in travel order (root first forward, root last backward)."""
         if vertex not in self.distance:
             return None
-        chain = [vertex]
-        parent = self._tree.parent
-        while chain[-1] != self.root:
-            chain.append(parent[chain[-1]])
-        return tuple(chain) if self._tree.backward else tuple(reversed(chain))
+        return _path(self._tree, vertex)
+
+
+def _path(tree: _Tree, vertex: Vertex) -> tuple[Vertex, ...]:
+    """The tree path of a reached `vertex`, in travel order (root first forward, last backward)."""
+    chain = [vertex]
+    parent = tree.parent
+    while chain[-1] != tree.root:
+        chain.append(parent[chain[-1]])
+    return tuple(chain) if tree.backward else tuple(reversed(chain))
 
 
 # --- single-source shortest paths, from scratch and incremental ----------------------------
@@ -324,18 +329,14 @@ class DRDSP:
         cost = tree.dist.get(target)
         if cost is None:
             return None
-        chain = [target]
-        parent = tree.parent
-        while chain[-1] != source:
-            chain.append(parent[chain[-1]])
-        chain.reverse()
+        chain = _path(tree, target)
         graph = self.graph
         edges = tuple(graph.arc_edge(u, v) or "" for u, v in pairwise(chain))
         needed: set[Vertex] = set()
         for edge_id in dict.fromkeys(edges):
             needed.update(graph.edge(edge_id).tail)
         needed.difference_update(chain)
-        return HyperPath(tuple(chain), edges, cost, tuple(sorted(needed)))
+        return HyperPath(chain, edges, cost, tuple(sorted(needed)))
 
     def forward_tree(self, source: Vertex) -> ShortestPathTree:
         return ShortestPathTree(self._tree(source, backward=False))

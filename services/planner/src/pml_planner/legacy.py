@@ -80,6 +80,9 @@ class ToolGraphFeatures:
     tools: tuple[str, ...]
     #: Best weight of every directed pair, by source then destination.
     successors: Mapping[str, Mapping[str, float]]
+    #: Heaviest outgoing weight of every source: co-occurrence's denominator, computed once
+    #: here rather than for every candidate of every ranking.
+    heaviest: Mapping[str, float]
     #: Louvain community label of every tool (labels are 0.. in order of each community's
     #: smallest tool id, so they do not depend on set iteration order).
     communities: Mapping[str, int]
@@ -112,6 +115,7 @@ class ToolGraphFeatures:
         return cls(
             tools=ordered,
             successors=successors,
+            heaviest={src: max(out.values()) for src, out in successors.items()},
             communities=_louvain(ordered, successors),
             pagerank=_normalised_pagerank(ordered, successors),
             last_used=used,
@@ -124,7 +128,7 @@ class ToolGraphFeatures:
         out = self.successors.get(current)
         if not out:
             return 0.0
-        return out.get(candidate, 0.0) / max(out.values())
+        return out.get(candidate, 0.0) / self.heaviest[current]
 
     def community(self, current: str, candidate: str) -> float:
         a, b = self.communities.get(current), self.communities.get(candidate)
@@ -168,20 +172,8 @@ class ToolGraphFeatures:
 
         `candidates` defaults to every known tool except `current`; unknown candidates are
         scored too (recency and PageRank 0). Ties are broken by tool id so the order is
-        reproducible.
+        reproducible. `explain` gives the terms of one score.
         """
-        ranked = self.rank_next_explained(context_tools, candidates, k, now=now)
-        return [(s.tool, s.score) for s in ranked]
-
-    def rank_next_explained(
-        self,
-        context_tools: Sequence[str],
-        candidates: Iterable[str] | None = None,
-        k: int = 10,
-        *,
-        now: datetime | None = None,
-    ) -> list[NextStepScore]:
-        """`rank_next` with the terms of every score."""
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
         current = context_tools[-1] if context_tools else None
@@ -193,7 +185,7 @@ class ToolGraphFeatures:
         )
         scored = [self.explain(current, c, now) for c in pool]
         scored.sort(key=lambda s: (-s.score, s.tool))
-        return scored[:k]
+        return [(s.tool, s.score) for s in scored[:k]]
 
 
 # --- construction helpers -----------------------------------------------------------------

@@ -50,25 +50,18 @@ class TargetSource:
                 return Targets(scored, f"shgat:{reply.model_version}")
         except grpc.aio.AioRpcError as exc:
             log.warning("planner.scorer_unavailable", tenant=tenant, code=exc.code().name)
-        return await self._from_search(tenant, intent)
+        found = await self._searched(tenant, intent, TARGET_POOL, search_pb2.NODE_KIND_CAPABILITY)
+        return Targets(tuple(found), "search")
 
     async def tools(self, tenant: str, intent: str, limit: int) -> list[Candidate]:
+        return await self._searched(tenant, intent, limit, search_pb2.NODE_KIND_TOOL)
+
+    async def _searched(
+        self, tenant: str, intent: str, limit: int, kind: search_pb2.NodeKind.ValueType
+    ) -> list[Candidate]:
+        """Unified search's order of one kind of node, scored by its final score."""
         reply = await self._search.Search(
-            search_pb2.SearchRequest(
-                tenant_id=tenant, query=intent, limit=limit, kinds=[search_pb2.NODE_KIND_TOOL]
-            ),
+            search_pb2.SearchRequest(tenant_id=tenant, query=intent, limit=limit, kinds=[kind]),
             timeout=self._timeout,
         )
         return [Candidate(r.id, r.final_score) for r in reply.results]
-
-    async def _from_search(self, tenant: str, intent: str) -> Targets:
-        reply = await self._search.Search(
-            search_pb2.SearchRequest(
-                tenant_id=tenant,
-                query=intent,
-                limit=TARGET_POOL,
-                kinds=[search_pb2.NODE_KIND_CAPABILITY],
-            ),
-            timeout=self._timeout,
-        )
-        return Targets(tuple(Candidate(r.id, r.final_score) for r in reply.results), "search")
