@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -73,8 +74,6 @@ def suggest_dag(
 
 
 def tool_message(tool: ToolSpec) -> common_pb2.Tool:
-    import json
-
     return common_pb2.Tool(
         id=tool.id,
         server=tool.server,
@@ -111,19 +110,15 @@ def search(
             ),
             timeout=30,
         )
-        return [_as_dict(t) for t in reply.tools]
+        return [as_dict(t) for t in reply.tools]
     result = stub.Search(
         search_pb2.SearchRequest(tenant_id=tenant, query=query, limit=limit), timeout=30
     )
-    return [_as_dict(r) for r in result.results]
+    return [as_dict(r) for r in result.results]
 
 
 def as_dict(message: Any) -> dict[str, Any]:
     """A reply as JSON-ready data, with proto field names and default values printed."""
-    return _as_dict(message)
-
-
-def _as_dict(message: Any) -> dict[str, Any]:
     return MessageToDict(
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )

@@ -19,6 +19,7 @@ the metrics are those of `plan_metrics`. The tenant is deleted afterwards.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -42,6 +43,8 @@ RPC_TIMEOUT_S = 60.0
 IN_FLIGHT = 4
 
 T = TypeVar("T")
+#: A next-step case as asked: the expected tool and the planner's reply.
+_Next = tuple[str, planner_pb2.PredictNextResponse]
 
 
 class PlannerStub(Protocol):
@@ -90,8 +93,7 @@ def evaluate_plan(
     if min_steps < 1:
         raise EvalError("--min-steps must be at least 1")
     tools = load_tool_catalog(data)
-    queries = plan_queries(load_queries(data / "queries.jsonl"), min_steps)
-    queries = queries[:max_queries] if max_queries is not None else queries
+    queries = plan_queries(load_queries(data / "queries.jsonl"), min_steps)[:max_queries]
     if not queries:
         raise EvalError(f"{data / 'queries.jsonl'}: no query with {min_steps}+ steps")
     source = sequence_source(queries)
@@ -99,20 +101,17 @@ def evaluate_plan(
         console.log(f"queries without `sequence`: using `relevant` in file order ({source})")
     split = fold_split(len(queries), folds)
     metrics = PlanMetrics(tool_ids={t.id for t in tools})
-    accepted = {"next": 0, "dag": 0}
+    accepted: Counter[str] = Counter()
     started = time.perf_counter()
     with running_system(settings, console, PLAN_SERVICES) as live:
+        stub = client.planner_stub(live)
         for number, test_rows in enumerate(split):
             label = f"fold {number + 1}/{folds}"
             train = [queries[i] for f, rows in enumerate(split) if f != number for i in rows]
             test = [queries[i] for i in test_rows]
             with eval_tenant(live, tools, console, label) as tenant:
                 learn_from(live, tenant, train, console, label, ordered=True)
-                counts = run_plans(
-                    client.planner_stub(live), tenant, method, test, metrics, console, label
-                )
-            for kind, count in counts.items():
-                accepted[kind] += count
+                accepted.update(run_plans(stub, tenant, method, test, metrics, console, label))
     result = metrics.result()
     return {
         "method": method,
@@ -144,30 +143,19 @@ def run_plans(
     Returns how many next-step and DAG answers the planner marked accepted.
     """
 
-    def ask(
-        query: ToolQuery,
-    ) -> tuple[list[planner_pb2.PredictNextResponse], planner_pb2.SuggestDagResponse]:
-        steps = steps_of(query)
-        nexts = [
-            _retrying(
-                partial(
-                    stub.PredictNext,
-                    planner_pb2.PredictNextRequest(
-                        tenant_id=tenant, intent=query.query, context_tools=context, method=method
-                    ),
-                    timeout=RPC_TIMEOUT_S,
-                )
-            )
-            for context, _ in next_step_cases(steps)
-        ]
-        dag = _retrying(
-            partial(
-                stub.SuggestDag,
-                planner_pb2.SuggestDagRequest(tenant_id=tenant, intent=query.query, method=method),
-                timeout=RPC_TIMEOUT_S,
-            )
+    def next_step(intent: str, context: list[str]) -> planner_pb2.PredictNextResponse:
+        request = planner_pb2.PredictNextRequest(
+            tenant_id=tenant, intent=intent, context_tools=context, method=method
         )
-        return nexts, dag
+        return _retrying(partial(stub.PredictNext, request, timeout=RPC_TIMEOUT_S))
+
+    def ask(query: ToolQuery) -> tuple[list[str], list[_Next], planner_pb2.SuggestDagResponse]:
+        """The query's steps, (expected, reply) per next-step case, and its DAG."""
+        steps = steps_of(query)
+        nexts = [(want, next_step(query.query, ctx)) for ctx, want in next_step_cases(steps)]
+        request = planner_pb2.SuggestDagRequest(tenant_id=tenant, intent=query.query, method=method)
+        dag = _retrying(partial(stub.SuggestDag, request, timeout=RPC_TIMEOUT_S))
+        return steps, nexts, dag
 
     accepted = {"next": 0, "dag": 0}
     with (
@@ -175,9 +163,8 @@ def run_plans(
         ThreadPoolExecutor(IN_FLIGHT) as pool,
     ):
         task = progress.add_task(f"{label}: {method} plans", total=len(queries))
-        for query, (nexts, dag) in zip(queries, pool.map(ask, queries), strict=True):
-            steps = steps_of(query)
-            for (_, expected), reply in zip(next_step_cases(steps), nexts, strict=True):
+        for steps, nexts, dag in pool.map(ask, queries):
+            for expected, reply in nexts:
                 metrics.add_next(candidates_of(reply), expected)
                 accepted["next"] += int(reply.accepted)
             metrics.add_dag(

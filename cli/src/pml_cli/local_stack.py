@@ -17,10 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 
+from pml_common.healthcheck import check
 from pml_common.local_runtime import (
     LocalRuntimeError,
     ManagedProcess,
@@ -56,19 +55,13 @@ def settings_to_env(settings: Settings) -> dict[str, str]:
 def wait_healthy(address: str, timeout: float, proc: ManagedProcess | None = None) -> None:
     """Block until the gRPC health service at `address` answers SERVING."""
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(address) as chan:
-        stub = health_pb2_grpc.HealthStub(chan)
-        while time.monotonic() < deadline:
-            if proc is not None and not proc.alive():
-                tail = proc.log_path.read_text(errors="replace")[-3000:]
-                raise LocalRuntimeError(f"{proc.name} exited during start-up:\n{tail}")
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.25)
+    while time.monotonic() < deadline:
+        if proc is not None and not proc.alive():
+            tail = proc.log_path.read_text(errors="replace")[-3000:]
+            raise LocalRuntimeError(f"{proc.name} exited during start-up:\n{tail}")
+        if check(address, timeout=1.0):
+            return
+        time.sleep(0.25)
     raise LocalRuntimeError(f"no healthy gRPC server at {address} after {timeout:.0f}s")
 
 

@@ -60,6 +60,11 @@ def dag_tool_nodes(nodes: Iterable[str], tool_ids: Collection[str] | None = None
     return {n for n in nodes if _is_tool(n, tool_ids)}
 
 
+def chain_edges(sequence: Sequence[str]) -> set[tuple[str, str]]:
+    """(s_i, s_i+1) for consecutive steps."""
+    return {(a, b) for a, b in pairwise(sequence) if a != b}
+
+
 def dag_tool_edges(
     edges: Iterable[tuple[str, str]],
     order: Sequence[str],
@@ -69,13 +74,7 @@ def dag_tool_edges(
     given = {(s, t) for s, t in edges if s != t and _is_tool(s, tool_ids) and _is_tool(t, tool_ids)}
     if given:
         return given
-    tools = [n for n in order if _is_tool(n, tool_ids)]
-    return {(a, b) for a, b in pairwise(tools) if a != b}
-
-
-def chain_edges(sequence: Sequence[str]) -> set[tuple[str, str]]:
-    """(s_i, s_i+1) for consecutive steps."""
-    return {(a, b) for a, b in pairwise(sequence) if a != b}
+    return chain_edges([n for n in order if _is_tool(n, tool_ids)])
 
 
 def node_f1(

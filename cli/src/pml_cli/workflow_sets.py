@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pml_cli.catalog_files import CatalogFileError, load_catalog
-from pml_cli.eval_tools import EvalError, load_queries
+from pml_cli.eval_folds import steps_of
+from pml_cli.eval_plan import plan_queries, sequence_source
+from pml_cli.eval_tools import EvalError, load_queries, load_tool_catalog
 
 # server -> (tool name, description, required input names)
 _TOOLS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
@@ -548,31 +549,25 @@ def sequences_from_relevant(src: Path, out: Path) -> dict[str, Any]:
     """
     if src.resolve() == out.resolve():
         raise EvalError("--from and --out must be different folders")
-    try:
-        load_catalog(src / "catalog.jsonl")
-    except CatalogFileError as exc:
-        raise EvalError(str(exc)) from exc
+    load_tool_catalog(src)
     queries = load_queries(src / "queries.jsonl")
-    rows, ordered = [], 0
-    for q in queries:
-        steps = list(dict.fromkeys(q.sequence or q.relevant))
-        if len(steps) >= 2:
-            rows.append({"id": q.id, "query": q.query, "relevant": q.relevant, "sequence": steps})
-            ordered += bool(q.sequence)
-    if not rows:
+    kept = plan_queries(queries, min_steps=2)
+    if not kept:
         raise EvalError(f"{src / 'queries.jsonl'}: no query with 2+ relevant tools")
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src / "catalog.jsonl", out / "catalog.jsonl")
-    _write_jsonl(out / "queries.jsonl", rows)
+    _write_jsonl(
+        out / "queries.jsonl",
+        [
+            {"id": q.id, "query": q.query, "relevant": q.relevant, "sequence": steps_of(q)}
+            for q in kept
+        ],
+    )
     return {
         "out": str(out),
         "from": str(src),
-        "queries": len(rows),
+        "queries": len(kept),
         "of": len(queries),
-        "sequence_from": "sequence"
-        if ordered == len(rows)
-        else "relevant"
-        if not ordered
-        else "mixed",
+        "sequence_from": sequence_source(kept),
         "note": "the source gives no order of use: next-step figures measure co-usage, not order",
     }

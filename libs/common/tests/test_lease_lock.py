@@ -36,6 +36,19 @@ def make_lock(
     return LeaseLock(redis, names[0], lease_ms=lease_ms, owner=owner, fencing_key=names[1])
 
 
+@pytest.fixture
+def locks(redis: aioredis.Redis, names: tuple[str, str]) -> tuple[LeaseLock, LeaseLock]:
+    """Two contenders, owners "a" and "b", for the test's lock (600 ms leases)."""
+    return make_lock(redis, names, "a"), make_lock(redis, names, "b")
+
+
+async def acquired(lock: LeaseLock) -> Lease:
+    """A lease from `lock.try_acquire()`, which must get one."""
+    lease = await lock.try_acquire()
+    assert lease is not None
+    return lease
+
+
 def test_defaults_are_the_trainer_lock() -> None:
     lock = LeaseLock(aioredis.Redis(), lease_ms=10_000)
     assert lock.name == DEFAULT_LOCK_NAME == "pml:trainer:lock"
@@ -44,11 +57,10 @@ def test_defaults_are_the_trainer_lock() -> None:
 
 
 async def test_mutual_exclusion_and_stored_value(
-    redis: aioredis.Redis, names: tuple[str, str]
+    redis: aioredis.Redis, names: tuple[str, str], locks: tuple[LeaseLock, LeaseLock]
 ) -> None:
-    a, b = make_lock(redis, names, "a"), make_lock(redis, names, "b")
-    lease = await a.try_acquire()
-    assert lease is not None
+    a, b = locks
+    lease = await acquired(a)
     assert await b.try_acquire() is None
     assert await a.try_acquire() is None  # not re-entrant either
     assert await redis.get(names[0]) == f"{lease.token}:a".encode()
@@ -59,22 +71,23 @@ async def test_mutual_exclusion_and_stored_value(
     assert await b.try_acquire() is not None
 
 
-async def test_tokens_strictly_increase(redis: aioredis.Redis, names: tuple[str, str]) -> None:
-    locks = [make_lock(redis, names, "a"), make_lock(redis, names, "b")]
+async def test_tokens_strictly_increase(
+    redis: aioredis.Redis, names: tuple[str, str], locks: tuple[LeaseLock, LeaseLock]
+) -> None:
     tokens = []
     for lock in itertools.islice(itertools.cycle(locks), 6):
-        lease = await lock.try_acquire()
-        assert lease is not None
+        lease = await acquired(lock)
         tokens.append(lease.token)
         await lock.release(lease)
     assert tokens == sorted(set(tokens))
     assert int(await redis.get(names[1])) == tokens[-1]
 
 
-async def test_renew_keeps_the_lease(redis: aioredis.Redis, names: tuple[str, str]) -> None:
-    a, b = make_lock(redis, names, "a"), make_lock(redis, names, "b")
-    lease = await a.try_acquire()
-    assert lease is not None
+async def test_renew_keeps_the_lease(
+    redis: aioredis.Redis, names: tuple[str, str], locks: tuple[LeaseLock, LeaseLock]
+) -> None:
+    a, b = locks
+    lease = await acquired(a)
     for _ in range(6):  # 1.2 s in all, two leases
         await asyncio.sleep(0.2)
         assert await a.renew(lease) is True
@@ -87,14 +100,12 @@ async def test_unrenewed_lease_expires_and_next_token_is_bigger(
     redis: aioredis.Redis, names: tuple[str, str]
 ) -> None:
     a, b = make_lock(redis, names, "a", lease_ms=300), make_lock(redis, names, "b", lease_ms=300)
-    old = await a.try_acquire()
-    assert old is not None
+    old = await acquired(a)
     assert await b.try_acquire() is None
     await asyncio.sleep(0.4)
     assert not old.held()  # the local deadline passed too
 
-    new = await b.try_acquire()
-    assert new is not None
+    new = await acquired(b)
     assert new.token > old.token
     # The stale holder can neither renew nor release the new holder's lease.
     assert await a.renew(old) is False
@@ -104,11 +115,10 @@ async def test_unrenewed_lease_expires_and_next_token_is_bigger(
 
 
 async def test_release_by_non_owner_does_nothing(
-    redis: aioredis.Redis, names: tuple[str, str]
+    redis: aioredis.Redis, names: tuple[str, str], locks: tuple[LeaseLock, LeaseLock]
 ) -> None:
-    a, b = make_lock(redis, names, "a"), make_lock(redis, names, "b")
-    lease = await a.try_acquire()
-    assert lease is not None
+    a, b = locks
+    lease = await acquired(a)
     impostor = Lease(names[0], "b", lease.token, 600, lease.expires_at)
     assert await b.release(impostor) is False
     # Same owner, but an older acquisition: not this lease either.
@@ -118,11 +128,10 @@ async def test_release_by_non_owner_does_nothing(
 
 
 async def test_hold_renews_across_several_leases(
-    redis: aioredis.Redis, names: tuple[str, str]
+    redis: aioredis.Redis, names: tuple[str, str], locks: tuple[LeaseLock, LeaseLock]
 ) -> None:
-    a, b = make_lock(redis, names, "a"), make_lock(redis, names, "b")
-    lease = await a.try_acquire()
-    assert lease is not None
+    a, b = locks
+    lease = await acquired(a)
     async with a.hold(lease):
         for _ in range(15):  # 1.5 s, two and a half leases
             await asyncio.sleep(0.1)
@@ -137,8 +146,7 @@ async def test_lost_is_set_when_the_key_is_taken(
     redis: aioredis.Redis, names: tuple[str, str], theft: str
 ) -> None:
     a = make_lock(redis, names, "a", lease_ms=600)
-    lease = await a.try_acquire()
-    assert lease is not None
+    lease = await acquired(a)
     async with a.hold(lease):
         await asyncio.sleep(0.1)
         assert not lease.lost.is_set()
@@ -160,8 +168,7 @@ async def test_lost_is_set_when_redis_stays_down_for_the_lease(tmp_path: Path) -
     client = redis_client(Settings(redis_url=server.url))
     lock = LeaseLock(client, "pml:test:lock", lease_ms=600, owner="a")
     try:
-        lease = await lock.try_acquire()
-        assert lease is not None
+        lease = await acquired(lock)
         async with lock.hold(lease):
             await asyncio.sleep(0.3)
             server.kill()
@@ -176,12 +183,9 @@ async def test_lost_is_set_when_redis_stays_down_for_the_lease(tmp_path: Path) -
         server.stop()
 
 
-async def test_acquire_waits_for_release_or_stop(
-    redis: aioredis.Redis, names: tuple[str, str]
-) -> None:
-    a, b = make_lock(redis, names, "a"), make_lock(redis, names, "b")
-    held = await a.try_acquire()
-    assert held is not None
+async def test_acquire_waits_for_release_or_stop(locks: tuple[LeaseLock, LeaseLock]) -> None:
+    a, b = locks
+    held = await acquired(a)
 
     stop = asyncio.Event()
     asyncio.get_running_loop().call_later(0.2, stop.set)
@@ -299,8 +303,7 @@ async def test_leaving_hold_stops_the_heartbeat_even_when_a_renewal_swallows_the
             return await super().renew(lease)
 
     lock = SwallowingLock(redis, name, lease_ms=1500, fencing_key=fencing)
-    lease = await lock.try_acquire()
-    assert lease is not None
+    lease = await acquired(lock)
     started = time.monotonic()
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(10):  # a heartbeat that ignores the cancel never ends
