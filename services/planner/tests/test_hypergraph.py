@@ -10,8 +10,6 @@ from hypothesis import strategies as st
 
 from pml_planner.hypergraph import (
     MIN_SUCCESS_RATE,
-    SOURCE_MULTIPLIER,
-    TYPE_WEIGHT,
     ArcChange,
     Hyperedge,
     Hypergraph,
@@ -23,13 +21,6 @@ from pml_planner.hypergraph import (
 )
 
 # --- costs ---------------------------------------------------------------------------------
-
-
-def test_cost_constants_mirror_the_trainer() -> None:
-    from pml_trainer import statistics
-
-    assert dict(TYPE_WEIGHT) == statistics.TYPE_WEIGHT
-    assert dict(SOURCE_MULTIPLIER) == statistics.SOURCE_MULTIPLIER
 
 
 def test_capability_cost_is_inverse_success_rate_floored_and_neutral_when_unknown() -> None:

@@ -24,17 +24,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from pml_common.edge_weights import TYPE_WEIGHT, edge_weight
+
 Vertex = str
 HyperedgeKind = Literal["capability", "dependency", "contains", "sequence"]
 
 # --- costs (ADR-038 §2.3, seed 000) --------------------------------------------------------
 
-#: ADR-038 §2.3 (from ADR-041): structural strength of a link type. Mirrors
-#: `pml_trainer.statistics.TYPE_WEIGHT` (the planner does not depend on the trainer; a test
-#: keeps the two equal).
-TYPE_WEIGHT: Mapping[str, float] = {"dependency": 1.0, "contains": 0.8, "sequence": 0.5}
-#: ADR-038 §2.3: trust in how a link was learned (mirrors `pml_trainer.statistics`).
-SOURCE_MULTIPLIER: Mapping[str, float] = {"observed": 1.0, "inferred": 0.7, "template": 0.5}
 #: Success rate below which a node counts as this unreliable and no less: a node that always
 #: failed stays plannable as a last resort (cost 20, not infinite), and costs stay bounded so
 #: path sums remain well conditioned.
@@ -69,7 +65,7 @@ def link_cost(
     the destination keeps a well-trodden link into a node that usually fails from looking
     cheap: the step is only worth what its landing point delivers.
     """
-    weight = TYPE_WEIGHT[edge_type] * SOURCE_MULTIPLIER[source] * factor
+    weight = edge_weight(edge_type, source, factor)
     if weight <= 0.0:
         raise ValueError(f"link weight must be positive, got {weight}")
     return reliability_cost(success_rate_of_dst) / weight

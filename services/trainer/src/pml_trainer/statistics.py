@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Literal, TypeVar
 
+from pml_common.edge_weights import SOURCE_MULTIPLIER, edge_weight
 from pml_common.events import ExecutionCompleted
 
 _T = TypeVar("_T")
@@ -29,16 +30,8 @@ EdgeType = Literal["dependency", "contains", "sequence"]
 EdgeSource = Literal["observed", "inferred", "template"]
 EdgeOrigin = Literal["execution", "template", "similarity", "same_server"]
 
-#: ADR-038 §2.3 (from ADR-041): structural strength of an edge type.
-TYPE_WEIGHT: dict[str, float] = {"dependency": 1.0, "contains": 0.8, "sequence": 0.5}
-#: ADR-038 §2.3: trust in how the edge was learned.
-SOURCE_MULTIPLIER: dict[str, float] = {"observed": 1.0, "inferred": 0.7, "template": 0.5}
 #: ADR-038 §4.2: observations after which an edge is promoted to `observed`.
 PROMOTION_THRESHOLD = 3
-
-
-def edge_weight(edge_type: str, source: str, factor: float = 1.0) -> float:
-    return TYPE_WEIGHT[edge_type] * SOURCE_MULTIPLIER[source] * factor
 
 
 def success_rate(successes: int, executions: int) -> float | None:
