@@ -7,12 +7,11 @@ from typing import TYPE_CHECKING
 
 import grpc
 import pytest
-import redis.asyncio
+from redis.asyncio import Redis
 
 from pml.v1 import scorer_pb2_grpc
 from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
-from pml_common.stores import redis_client
 
 if TYPE_CHECKING:
     from pml_scorer.main import ScorerApp
@@ -35,12 +34,5 @@ async def stub(app: ScorerApp) -> AsyncIterator[scorer_pb2_grpc.ScorerServiceStu
 
 
 @pytest.fixture
-async def redis_db(settings: Settings) -> AsyncIterator[redis.asyncio.Redis]:
-    client = redis_client(settings)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-def registry(redis_db: redis.asyncio.Redis, settings: Settings) -> ModelRegistry:
-    return ModelRegistry(redis_db, settings.model_keep_versions)
+def registry(redis: Redis, settings: Settings) -> ModelRegistry:
+    return ModelRegistry(redis, settings.model_keep_versions)

@@ -9,21 +9,20 @@ a fencing token taken from the trainer's fencing counter, as a trainer holding t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeVar
 
 import neo4j
 import numpy as np
-import redis.asyncio
+from redis.asyncio import Redis
 
+from pml_common.bus import EventBus
 from pml_common.embedding import Embedder
+from pml_common.events import ModelPublished
 from pml_common.lease_lock import FENCING_COUNTER_KEY
 from pml_common.model_registry import ModelRecord, ModelRegistry
 from pml_common.settings import Settings
 from pml_common.tool_graph import read_tool_graph
 from pml_shgat.hierarchy import Hierarchy
 from pml_shgat.params import Params, ShgatConfig, init_params, make_config, to_bytes
-
-T = TypeVar("T")
 
 TOOLS = [
     ("filesystem:read_file", "Read the complete contents of a file from the file system."),
@@ -117,18 +116,15 @@ async def write_catalog(driver: neo4j.AsyncDriver, tenant: str) -> None:
         await write_capability(driver, tenant, *cap)
 
 
-async def hierarchy_of(
+async def untrained_reference(
     driver: neo4j.AsyncDriver, settings: Settings, tenant: str, embedder: Embedder
-) -> Hierarchy:
-    """The hierarchy the scorer builds for the tenant (same reader, same embedder)."""
+) -> tuple[Hierarchy, ShgatConfig, Params]:
+    """The hierarchy the scorer builds for the tenant (same reader, same embedder), and the
+    untrained model's configuration and parameters."""
     graph = await read_tool_graph(driver, settings.neo4j_database, tenant, embedder)
-    return Hierarchy.build(graph.tool_vectors, graph.capabilities, dim=embedder.dim)
-
-
-def initial(settings: Settings, hierarchy: Hierarchy) -> tuple[ShgatConfig, Params]:
-    """The untrained model's configuration and parameters."""
+    hierarchy = Hierarchy.build(graph.tool_vectors, graph.capabilities, dim=embedder.dim)
     config = make_config(hierarchy.dim, settings.shgat_key_dim, hierarchy.num_nodes)
-    return config, init_params(config, hierarchy.features, hierarchy.num_levels)
+    return hierarchy, config, init_params(config, hierarchy.features, hierarchy.num_levels)
 
 
 def variant(config: ShgatConfig, params: Params, seed: int) -> Params:
@@ -142,14 +138,46 @@ def variant(config: ShgatConfig, params: Params, seed: int) -> Params:
     return changed
 
 
+async def publish_blob(
+    registry: ModelRegistry,
+    redis: Redis,
+    tenant: str,
+    blob: bytes,
+    metrics: dict[str, float] | None = None,
+) -> ModelRecord:
+    """Publish as the lock holder would: the newest fencing token (INCR of the counter)."""
+    token = int(await redis.incr(FENCING_COUNTER_KEY))
+    return await registry.publish(tenant, blob, token, metrics or {})
+
+
 async def publish_model(
     registry: ModelRegistry,
-    redis_db: redis.asyncio.Redis,
+    redis: Redis,
     tenant: str,
     config: ShgatConfig,
     params: Params,
     metrics: dict[str, float] | None = None,
 ) -> ModelRecord:
-    """Publish as the lock holder would: the newest fencing token (INCR of the counter)."""
-    token = int(await redis_db.incr(FENCING_COUNTER_KEY))
-    return await registry.publish(tenant, to_bytes(config, params), token, metrics or {})
+    return await publish_blob(registry, redis, tenant, to_bytes(config, params), metrics)
+
+
+async def announce_model(
+    bus: EventBus,
+    registry: ModelRegistry,
+    redis: Redis,
+    tenant: str,
+    config: ShgatConfig,
+    params: Params,
+    metrics: dict[str, float] | None = None,
+) -> ModelRecord:
+    """Publish a version and announce it with `ModelPublished`, as the trainer does."""
+    record = await publish_model(registry, redis, tenant, config, params, metrics)
+    await bus.publish(
+        ModelPublished.create(
+            tenant_id=tenant,
+            model_version=record.version,
+            fencing_token=record.fencing_token,
+            metrics=record.metrics,
+        )
+    )
+    return record

@@ -7,24 +7,17 @@ from collections.abc import AsyncIterator
 import grpc
 import neo4j
 import pytest
-import redis.asyncio
+from redis.asyncio import Redis
 
 from pml.v1 import scorer_pb2, scorer_pb2_grpc
-from pml_common.events import GraphChanged, ModelPublished, TenantDeleted
+from pml_common.events import GraphChanged, TenantDeleted
 from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
 from pml_common.testing import eventually
 from pml_scorer.consumers import EVENTS, replica_group
 from pml_scorer.main import ScorerApp
 
-from .helpers import (
-    hierarchy_of,
-    initial,
-    publish_model,
-    variant,
-    write_capability,
-    write_catalog,
-)
+from .helpers import announce_model, untrained_reference, variant, write_capability, write_catalog
 
 INTENT = "summarise a pdf document"
 
@@ -89,7 +82,7 @@ async def test_a_new_capability_is_scored_after_graph_changed_without_restart(
 async def test_every_replica_follows_published_models_and_deletions(
     replicas: list[ScorerApp],
     graph_db: neo4j.AsyncDriver,
-    redis_db: redis.asyncio.Redis,
+    redis: Redis,
     registry: ModelRegistry,
     settings: Settings,
     tenant: str,
@@ -99,14 +92,9 @@ async def test_every_replica_follows_published_models_and_deletions(
         assert await version_of(app, tenant) == "untrained"
 
     first = replicas[0]
-    hierarchy = await hierarchy_of(graph_db, settings, tenant, first.embedder)
-    config, params = initial(settings, hierarchy)
-    record = await publish_model(registry, redis_db, tenant, config, variant(config, params, 7))
-    await first.bus.publish(
-        ModelPublished.create(
-            tenant_id=tenant, model_version=record.version, fencing_token=record.fencing_token
-        )
-    )
+    _, config, params = await untrained_reference(graph_db, settings, tenant, first.embedder)
+    trained = variant(config, params, 7)
+    record = await announce_model(first.bus, registry, redis, tenant, config, trained)
     for app in replicas:
         await eventually(lambda a=app: version_of(a, tenant), lambda v: v == record.version)
 
@@ -123,7 +111,7 @@ async def _loaded(app: ScorerApp, tenant: str) -> bool:
 
 
 async def test_the_replica_group_starts_at_the_stream_end_and_is_removed_on_stop(
-    settings: Settings, redis_db: redis.asyncio.Redis, tenant: str
+    settings: Settings, redis: Redis, tenant: str
 ) -> None:
     app = ScorerApp(settings, port=0)
     seen: list[str] = []
@@ -141,12 +129,12 @@ async def test_the_replica_group_starts_at_the_stream_end_and_is_removed_on_stop
         await eventually(lambda: _copy(seen), lambda s: tenant in s)
         assert f"{tenant}-old" not in seen  # a stream is read in order: it would come first
         for event_type in EVENTS:
-            names = [g["name"].decode() for g in await redis_db.xinfo_groups(event_type.STREAM)]
+            names = [g["name"].decode() for g in await redis.xinfo_groups(event_type.STREAM)]
             assert group in names
     finally:
         await app.stop()
     for event_type in EVENTS:
-        names = [g["name"].decode() for g in await redis_db.xinfo_groups(event_type.STREAM)]
+        names = [g["name"].decode() for g in await redis.xinfo_groups(event_type.STREAM)]
         assert group not in names
 
 

@@ -18,10 +18,9 @@ from dataclasses import dataclass
 import grpc
 import neo4j
 import numpy as np
-import redis.asyncio
+from redis.asyncio import Redis
 
 from pml.v1 import scorer_pb2, scorer_pb2_grpc
-from pml_common.events import ModelPublished
 from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
 from pml_common.testing import eventually
@@ -29,13 +28,7 @@ from pml_scorer.main import ScorerApp
 from pml_shgat.params import Params
 from pml_shgat.serving import ScoredNode, ServingModel
 
-from .helpers import (
-    hierarchy_of,
-    initial,
-    publish_model,
-    variant,
-    write_catalog,
-)
+from .helpers import announce_model, untrained_reference, variant, write_catalog
 
 INTENTS = ["take a screenshot of a web page", "commit and push my changes"]
 CLIENTS = 6
@@ -87,14 +80,15 @@ def expected(model: ServingModel, kind: str, vector: np.ndarray) -> list[ScoredN
 async def test_responses_during_repeated_swaps_match_the_version_they_report(
     app: ScorerApp,
     graph_db: neo4j.AsyncDriver,
-    redis_db: redis.asyncio.Redis,
+    redis: Redis,
     registry: ModelRegistry,
     settings: Settings,
     tenant: str,
 ) -> None:
     await write_catalog(graph_db, tenant)
-    hierarchy = await hierarchy_of(graph_db, settings, tenant, app.embedder)
-    config, untrained = initial(settings, hierarchy)
+    hierarchy, config, untrained = await untrained_reference(
+        graph_db, settings, tenant, app.embedder
+    )
     params_of: dict[str, Params] = {"untrained": untrained}
     burst: list[str] = []
     vectors = await app.embedder.embed_queries(INTENTS)
@@ -108,15 +102,8 @@ async def test_responses_during_repeated_swaps_match_the_version_they_report(
     try:
         for seed in range(VERSIONS):
             params = variant(config, untrained, seed=100 + seed)
-            record = await publish_model(registry, redis_db, tenant, config, params)
+            record = await announce_model(app.bus, registry, redis, tenant, config, params)
             params_of[record.version] = params
-            await app.bus.publish(
-                ModelPublished.create(
-                    tenant_id=tenant,
-                    model_version=record.version,
-                    fencing_token=record.fencing_token,
-                )
-            )
             # Each version serves a while before the next one replaces it.
             await eventually(
                 lambda: _served_versions(answers), lambda seen, v=record.version: v in seen
@@ -125,16 +112,9 @@ async def test_responses_during_repeated_swaps_match_the_version_they_report(
         # A burst: versions announced while the previous rebuild runs coalesce; the newest wins.
         for seed in range(BURST):
             params = variant(config, untrained, seed=200 + seed)
-            record = await publish_model(registry, redis_db, tenant, config, params)
+            record = await announce_model(app.bus, registry, redis, tenant, config, params)
             params_of[record.version] = params
             burst.append(record.version)
-            await app.bus.publish(
-                ModelPublished.create(
-                    tenant_id=tenant,
-                    model_version=record.version,
-                    fencing_token=record.fencing_token,
-                )
-            )
         await eventually(lambda: _served_versions(answers), lambda seen: burst[-1] in seen)
         await asyncio.sleep(max(0.0, MIN_RUN_S - (time.monotonic() - started)))
     finally:

@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import neo4j
 import numpy as np
 import pytest
-import redis.asyncio
+from redis.asyncio import Redis
 from structlog.testing import capture_logs
 
 from pml_common.embedding import Embedder, build_embedder
 from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
-from pml_common.stores import redis_client
 from pml_scorer.models import UNTRAINED, ModelBuilder
 from pml_shgat.params import ShgatConfig, init_params
 from pml_shgat.serving import ServingModel
 
 from .helpers import (
-    hierarchy_of,
-    initial,
+    publish_blob,
     publish_model,
+    untrained_reference,
     variant,
     write_capability,
     write_catalog,
@@ -32,10 +29,8 @@ INTENT = "commit and push my changes"
 
 
 @pytest.fixture
-async def embedder(settings: Settings) -> AsyncIterator[Embedder]:
-    client = redis_client(settings)
-    yield build_embedder(settings, client)
-    await client.aclose()
+def embedder(settings: Settings, redis: Redis) -> Embedder:
+    return build_embedder(settings, redis)
 
 
 @pytest.fixture
@@ -55,15 +50,14 @@ async def scores(model: ServingModel, embedder: Embedder) -> list[tuple[str, flo
 async def test_untrained_until_published_then_the_published_version(
     builder: ModelBuilder,
     graph_db: neo4j.AsyncDriver,
-    redis_db: redis.asyncio.Redis,
+    redis: Redis,
     registry: ModelRegistry,
     embedder: Embedder,
     settings: Settings,
     tenant: str,
 ) -> None:
     await write_catalog(graph_db, tenant)
-    hierarchy = await hierarchy_of(graph_db, settings, tenant, embedder)
-    config, params = initial(settings, hierarchy)
+    hierarchy, config, params = await untrained_reference(graph_db, settings, tenant, embedder)
 
     untrained = await builder.build(tenant)
     assert (untrained.version, untrained.record, untrained.registry_version) == (
@@ -77,7 +71,7 @@ async def test_untrained_until_published_then_the_published_version(
     )
 
     trained = variant(config, params, seed=3)
-    record = await publish_model(registry, redis_db, tenant, config, trained, {"loss": 0.1})
+    record = await publish_model(registry, redis, tenant, config, trained, {"loss": 0.1})
     published = await builder.build(tenant, untrained)
     assert published.record == record
     assert published.version == record.version == published.registry_version
@@ -109,17 +103,42 @@ async def test_nothing_changed_gives_back_the_same_model(
     assert await builder.build(tenant, changed) is not changed
 
 
+async def test_a_version_published_for_an_unchanged_graph_reuses_its_hierarchy(
+    builder: ModelBuilder,
+    graph_db: neo4j.AsyncDriver,
+    redis: Redis,
+    registry: ModelRegistry,
+    embedder: Embedder,
+    settings: Settings,
+    tenant: str,
+) -> None:
+    await write_catalog(graph_db, tenant)
+    _, config, params = await untrained_reference(graph_db, settings, tenant, embedder)
+    first = await builder.build(tenant)
+    record = await publish_model(registry, redis, tenant, config, variant(config, params, seed=5))
+    published = await builder.build(tenant, first)
+    assert published.version == record.version
+    assert published.model.hierarchy is first.model.hierarchy
+    # A changed graph gets a hierarchy of its own, still with the published version.
+    await write_capability(
+        graph_db, tenant, "cap:report", "report a bug", "File an issue.", ["github:create_issue"]
+    )
+    changed = await builder.build(tenant, published)
+    assert changed.version == record.version
+    assert "cap:report" in changed.model.hierarchy.capability_ids
+
+
 async def test_a_published_model_of_another_size_is_not_served(
     builder: ModelBuilder,
     graph_db: neo4j.AsyncDriver,
-    redis_db: redis.asyncio.Redis,
+    redis: Redis,
     registry: ModelRegistry,
     tenant: str,
 ) -> None:
     await write_catalog(graph_db, tenant)
     other = ShgatConfig(dim=64, key_dim=32, heads=4)
     foreign = init_params(other, np.eye(64)[:5], 1)
-    await publish_model(registry, redis_db, tenant, other, foreign)
+    await publish_model(registry, redis, tenant, other, foreign)
     with capture_logs() as logs:
         built = await builder.build(tenant)
     assert built.version == UNTRAINED
@@ -134,15 +153,12 @@ async def test_a_published_model_of_another_size_is_not_served(
 async def test_an_unreadable_published_model_is_not_served(
     builder: ModelBuilder,
     graph_db: neo4j.AsyncDriver,
-    redis_db: redis.asyncio.Redis,
+    redis: Redis,
     registry: ModelRegistry,
     tenant: str,
 ) -> None:
-    from pml_common.lease_lock import FENCING_COUNTER_KEY
-
     await write_catalog(graph_db, tenant)
-    token = int(await redis_db.incr(FENCING_COUNTER_KEY))
-    await registry.publish(tenant, b"not a model", token)
+    await publish_blob(registry, redis, tenant, b"not a model")
     with capture_logs() as logs:
         built = await builder.build(tenant)
     assert built.version == UNTRAINED

@@ -14,10 +14,9 @@ import grpc
 import neo4j
 import numpy as np
 import pytest
-import redis.asyncio
+from redis.asyncio import Redis
 
 from pml.v1 import scorer_pb2, scorer_pb2_grpc
-from pml_common.events import ModelPublished
 from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
 from pml_common.testing import eventually
@@ -27,9 +26,8 @@ from pml_shgat.serving import ScoredNode, ServingModel
 from .helpers import (
     CAPABILITIES,
     TOOLS,
-    hierarchy_of,
-    initial,
-    publish_model,
+    announce_model,
+    untrained_reference,
     variant,
     write_catalog,
 )
@@ -50,25 +48,24 @@ async def status_of(call: Awaitable[Any]) -> tuple[grpc.StatusCode, str]:
     return info.value.code(), info.value.details() or ""
 
 
+@pytest.fixture
 async def reference(
     app: ScorerApp, graph_db: neo4j.AsyncDriver, settings: Settings, tenant: str
 ) -> tuple[ServingModel, np.ndarray]:
-    """The untrained model of the tenant and the intent's embedding, built here."""
-    hierarchy = await hierarchy_of(graph_db, settings, tenant, app.embedder)
-    config, params = initial(settings, hierarchy)
+    """The catalog written for the tenant; its untrained model and the intent's embedding,
+    built here."""
+    await write_catalog(graph_db, tenant)
+    hierarchy, config, params = await untrained_reference(graph_db, settings, tenant, app.embedder)
     vector = (await app.embedder.embed_queries([INTENT]))[0]
     return ServingModel(config, params, hierarchy), vector
 
 
 async def test_untrained_scores_equal_the_serving_model(
-    app: ScorerApp,
     stub: scorer_pb2_grpc.ScorerServiceStub,
-    graph_db: neo4j.AsyncDriver,
-    settings: Settings,
+    reference: tuple[ServingModel, np.ndarray],
     tenant: str,
 ) -> None:
-    await write_catalog(graph_db, tenant)
-    model, vector = await reference(app, graph_db, settings, tenant)
+    model, vector = reference
 
     caps = await stub.ScoreCapabilities(
         scorer_pb2.ScoreRequest(tenant_id=tenant, text=INTENT, top_k=100), timeout=30
@@ -97,14 +94,11 @@ async def test_untrained_scores_equal_the_serving_model(
 
 
 async def test_level_filter_top_by_level_and_defaults(
-    app: ScorerApp,
     stub: scorer_pb2_grpc.ScorerServiceStub,
-    graph_db: neo4j.AsyncDriver,
-    settings: Settings,
+    reference: tuple[ServingModel, np.ndarray],
     tenant: str,
 ) -> None:
-    await write_catalog(graph_db, tenant)
-    model, vector = await reference(app, graph_db, settings, tenant)
+    model, vector = reference
 
     level1 = await stub.ScoreCapabilities(
         scorer_pb2.ScoreRequest(tenant_id=tenant, text=INTENT, level=1), timeout=30
@@ -138,14 +132,11 @@ async def test_level_filter_top_by_level_and_defaults(
 
 
 async def test_predict_path_success(
-    app: ScorerApp,
     stub: scorer_pb2_grpc.ScorerServiceStub,
-    graph_db: neo4j.AsyncDriver,
-    settings: Settings,
+    reference: tuple[ServingModel, np.ndarray],
     tenant: str,
 ) -> None:
-    await write_catalog(graph_db, tenant)
-    model, vector = await reference(app, graph_db, settings, tenant)
+    model, vector = reference
     path = ["playwright:browser_navigate", "playwright:browser_take_screenshot", "cap:publish"]
 
     reply = await stub.PredictPathSuccess(
@@ -175,7 +166,7 @@ async def test_model_info_untrained_then_published(
     app: ScorerApp,
     stub: scorer_pb2_grpc.ScorerServiceStub,
     graph_db: neo4j.AsyncDriver,
-    redis_db: redis.asyncio.Redis,
+    redis: Redis,
     registry: ModelRegistry,
     settings: Settings,
     tenant: str,
@@ -193,19 +184,10 @@ async def test_model_info_untrained_then_published(
     )
     assert info.num_heads == 4  # a small graph (seed 000: 4-16 heads by size)
 
-    hierarchy = await hierarchy_of(graph_db, settings, tenant, app.embedder)
-    config, params = initial(settings, hierarchy)
+    hierarchy, config, params = await untrained_reference(graph_db, settings, tenant, app.embedder)
     trained = variant(config, params, seed=1)
-    record = await publish_model(
-        registry, redis_db, tenant, config, trained, {"loss": 0.25, "accuracy": 0.8}
-    )
-    await app.bus.publish(
-        ModelPublished.create(
-            tenant_id=tenant,
-            model_version=record.version,
-            fencing_token=record.fencing_token,
-            metrics=record.metrics,
-        )
+    record = await announce_model(
+        app.bus, registry, redis, tenant, config, trained, {"loss": 0.25, "accuracy": 0.8}
     )
     info = await eventually(
         lambda: stub.ModelInfo(scorer_pb2.ModelInfoRequest(tenant_id=tenant), timeout=30),

@@ -72,6 +72,15 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+async def serving_v1() -> tuple[GatedBuilder, ModelSnapshots]:
+    """Snapshots serving version 1 of tenant "t", and their builder."""
+    builder = GatedBuilder()
+    snapshots = ModelSnapshots(builder)
+    builder.release()
+    await snapshots.get("t")
+    return builder, snapshots
+
+
 async def test_first_requests_share_one_load_and_then_read_without_building() -> None:
     builder = GatedBuilder()
     snapshots = ModelSnapshots(builder)
@@ -88,10 +97,7 @@ async def test_first_requests_share_one_load_and_then_read_without_building() ->
 
 
 async def test_refreshes_during_a_build_coalesce_into_one_more_build() -> None:
-    builder = GatedBuilder()
-    snapshots = ModelSnapshots(builder)
-    builder.release()
-    await snapshots.get("t")
+    builder, snapshots = await serving_v1()
 
     first = asyncio.create_task(snapshots.refresh("t"))
     await settle()
@@ -134,10 +140,7 @@ async def test_an_event_during_the_first_load_triggers_a_rebuild() -> None:
 
 
 async def test_a_failed_build_fails_its_waiters_and_keeps_the_model() -> None:
-    builder = GatedBuilder()
-    snapshots = ModelSnapshots(builder)
-    builder.release()
-    await snapshots.get("t")
+    builder, snapshots = await serving_v1()
     builder.fail_next = True
     builder.release()
     with pytest.raises(ConnectionError):
@@ -149,10 +152,7 @@ async def test_a_failed_build_fails_its_waiters_and_keeps_the_model() -> None:
 
 
 async def test_drop_forgets_and_a_build_in_flight_does_not_resurrect() -> None:
-    builder = GatedBuilder()
-    snapshots = ModelSnapshots(builder)
-    builder.release()
-    await snapshots.get("t")
+    builder, snapshots = await serving_v1()
     refresh = asyncio.create_task(snapshots.refresh("t"))
     await settle()
     snapshots.drop("t")

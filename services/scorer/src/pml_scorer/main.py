@@ -46,12 +46,11 @@ class ScorerApp:
         self._redis = redis_client(settings)
         self._driver = neo4j_driver(settings)
         self.embedder = build_embedder(settings, self._redis)
-        self.registry = ModelRegistry(self._redis, settings.model_keep_versions)
         builder = ModelBuilder(
             self._driver,
             settings.neo4j_database,
             self.embedder,
-            self.registry,
+            ModelRegistry(self._redis, settings.model_keep_versions),
             settings.shgat_key_dim,
         )
         self.snapshots = ModelSnapshots(builder)

@@ -78,20 +78,23 @@ class ModelBuilder:
     async def build(self, tenant: str, current: TenantModel | None = None) -> TenantModel:
         """The tenant's model as the stores say now; `current` itself when nothing changed.
 
-        Reusing `current` matters because the trainer announces every execution with
-        `GraphChanged` although most change statistics only, which the model does not use:
-        those cost two graph queries and one small registry read, not a propagation.
+        What the model depends on (nodes, texts, memberships) is often as it was: a model is
+        published for an unchanged graph, or an event changed nothing the model reads. An
+        unchanged graph keeps `current`'s hierarchy; with the registry's version unchanged too,
+        `current` is kept whole (two graph queries and one small registry read, no propagation).
         """
         graph = await read_tool_graph(self._driver, self._database, tenant, self._embedder)
         digest = graph_digest(graph)
-        if current is not None and current.graph_digest == digest:
+        reusable = current if current is not None and current.graph_digest == digest else None
+        if reusable is not None:
             record = await self._registry.current_record(tenant)
-            if _version_of(record) == current.registry_version:
-                return current
+            if _version_of(record) == reusable.registry_version:
+                return reusable
         published = await self._registry.current(tenant)
+        hierarchy = reusable.model.hierarchy if reusable is not None else None
         # Hierarchy, initial parameters (an SVD) and propagation are numpy work that would
         # stall every request on the event loop for a large tenant.
-        return await asyncio.to_thread(self._assemble, tenant, graph, digest, published)
+        return await asyncio.to_thread(self._assemble, tenant, graph, digest, published, hierarchy)
 
     def _assemble(
         self,
@@ -99,8 +102,11 @@ class ModelBuilder:
         graph: ToolGraph,
         digest: bytes,
         published: tuple[ModelRecord, bytes] | None,
+        hierarchy: Hierarchy | None,
     ) -> TenantModel:
-        hierarchy = Hierarchy.build(graph.tool_vectors, graph.capabilities, dim=self.dim)
+        """The model of `graph` (whose `hierarchy`, when already built, is reused)."""
+        if hierarchy is None:
+            hierarchy = Hierarchy.build(graph.tool_vectors, graph.capabilities, dim=self.dim)
         usable = self._usable(tenant, published)
         if usable is None:
             config = make_config(self.dim, self._key_dim, hierarchy.num_nodes)

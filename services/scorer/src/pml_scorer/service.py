@@ -33,18 +33,11 @@ from opentelemetry import trace
 from pml.v1 import scorer_pb2, scorer_pb2_grpc
 from pml_common.embedding import Embedder
 from pml_common.grpc_server import check_deadline
+from pml_common.request_validation import limit_of, tenant_of, text_of
 from pml_common.settings import Settings
 from pml_scorer.models import TenantModel
 from pml_scorer.snapshots import ModelSnapshots
-from pml_scorer.validation import (
-    intent_of,
-    level_of,
-    no_level,
-    path_of,
-    tenant_of,
-    text_of,
-    top_k_of,
-)
+from pml_scorer.validation import intent_of, level_of, no_level, path_of
 from pml_shgat.serving import ScoredNode
 
 
@@ -59,7 +52,7 @@ class ScorerServicer(scorer_pb2_grpc.ScorerServiceServicer):
     ) -> scorer_pb2.ScoreResponse:
         tenant = tenant_of(request.tenant_id, self._settings)
         intent = intent_of(request, self._settings, self._embedder.dim)
-        top_k = top_k_of(request.top_k, self._settings)
+        top_k = limit_of(request.top_k, self._settings, "top_k")
         level = level_of(request)
         snapshot = await self._model(tenant)
         vector = await self._vector(intent, context)
@@ -72,7 +65,7 @@ class ScorerServicer(scorer_pb2_grpc.ScorerServiceServicer):
     ) -> scorer_pb2.ScoreResponse:
         tenant = tenant_of(request.tenant_id, self._settings)
         intent = intent_of(request, self._settings, self._embedder.dim)
-        top_k = top_k_of(request.top_k, self._settings)
+        top_k = limit_of(request.top_k, self._settings, "top_k")
         no_level(request)
         snapshot = await self._model(tenant)
         vector = await self._vector(intent, context)
@@ -84,8 +77,8 @@ class ScorerServicer(scorer_pb2_grpc.ScorerServiceServicer):
         self, request: scorer_pb2.TopByLevelRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scorer_pb2.TopByLevelResponse:
         tenant = tenant_of(request.tenant_id, self._settings)
-        text = text_of(request.intent, self._settings)
-        k = top_k_of(request.k, self._settings, "k")
+        text = text_of(request.intent, self._settings, "intent")
+        k = limit_of(request.k, self._settings, "k")
         snapshot = await self._model(tenant)
         vector = await self._vector(text, context)
         by_level = snapshot.model.top_by_level(vector, k)
@@ -104,7 +97,7 @@ class ScorerServicer(scorer_pb2_grpc.ScorerServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> scorer_pb2.PredictPathSuccessResponse:
         tenant = tenant_of(request.tenant_id, self._settings)
-        text = text_of(request.intent, self._settings)
+        text = text_of(request.intent, self._settings, "intent")
         path = path_of(request.path)
         snapshot = await self._model(tenant)
         vector = await self._vector(text, context)

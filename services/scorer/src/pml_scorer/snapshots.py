@@ -9,8 +9,8 @@ assignment, which the event loop makes atomic for readers. Rebuild requests coal
 `refresh` bumps the tenant's request counter and waits until a build that *started after* it has
 finished. Refreshes arriving while a build runs therefore share one more build (the "dirty"
 case), and none of them returns before its change is in the served model — so an event handler
-that returns has really applied its event, and a failed build fails the handlers that waited on
-it (the bus retries them).
+that returns has really applied its event. A failed build fails only the handler that ran it
+(the bus retries it); the refreshes that were waiting for it share one more build.
 
 Tenants without a single tool or capability are not kept (answered, then forgotten), so requests
 naming arbitrary tenants cannot grow memory; their models are small and quick to build.

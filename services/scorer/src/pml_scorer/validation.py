@@ -2,6 +2,8 @@
 
 Each function returns the clean value or raises `RequestError` (via `invalid_argument`) with a
 message naming the field and what is wrong, so a caller can fix the request from the message.
+Tenant ids, texts and result counts follow the rules every service shares
+(`pml_common.request_validation`); the rules here are the scorer's own fields.
 """
 
 from __future__ import annotations
@@ -13,30 +15,11 @@ from numpy.typing import NDArray
 
 from pml.v1 import scorer_pb2
 from pml_common.grpc_server import invalid_argument
+from pml_common.request_validation import MAX_TEXT, text_of
 from pml_common.settings import Settings
 
-DEFAULT_TOP_K = 10
-MAX_TEXT = 512
 #: Longest path PredictPathSuccess scores (an execution has at most 1000 steps).
 MAX_PATH = 1000
-
-
-def tenant_of(tenant_id: str, settings: Settings) -> str:
-    tenant = tenant_id.strip()
-    if len(tenant) > MAX_TEXT:
-        raise invalid_argument(f"tenant_id is longer than {MAX_TEXT} characters")
-    return tenant or settings.default_tenant
-
-
-def text_of(text: str, settings: Settings, field: str = "intent") -> str:
-    value = text.strip()
-    if not value:
-        raise invalid_argument(f"{field} must not be empty")
-    if len(text) > settings.max_query_chars:
-        raise invalid_argument(
-            f"{field} is {len(text)} characters long; the maximum is {settings.max_query_chars}"
-        )
-    return value
 
 
 def embedding_of(values: Sequence[float], dim: int) -> NDArray[np.float32]:
@@ -62,17 +45,6 @@ def intent_of(
     if which == "embedding":
         return embedding_of(request.embedding.values, dim)
     raise invalid_argument("intent must be given: set `text` or `embedding`")
-
-
-def top_k_of(value: int, settings: Settings, field: str = "top_k") -> int:
-    if value == 0:
-        return min(DEFAULT_TOP_K, settings.max_limit)
-    if not 1 <= value <= settings.max_limit:
-        raise invalid_argument(
-            f"{field} must be between 1 and {settings.max_limit} (0 means {DEFAULT_TOP_K}); "
-            f"got {value}"
-        )
-    return value
 
 
 def level_of(request: scorer_pb2.ScoreRequest) -> int | None:

@@ -14,11 +14,12 @@ from typing import Any, TypeVar
 from pml.v1 import common_pb2, search_pb2
 from pml_common.events import TOOL_ID_PATTERN, CapabilitySpec, ToolSpec
 from pml_common.grpc_server import invalid_argument
+from pml_common.request_validation import MAX_TEXT, text_of
+from pml_common.request_validation import limit_of as limit_of  # shared: re-exported
+from pml_common.request_validation import tenant_of as tenant_of  # shared: re-exported
 from pml_common.settings import Settings
 from pml_search.catalog_index import CAPABILITY, TOOL, CatalogEntry
 
-DEFAULT_LIMIT = 10
-MAX_TEXT = 512
 MAX_DESCRIPTION = 20_000
 MAX_BATCH = 50_000
 _TOOL_ID = re.compile(TOOL_ID_PATTERN)
@@ -37,33 +38,8 @@ _Item = TypeVar("_Item", common_pb2.Tool, common_pb2.Capability)
 _Spec = TypeVar("_Spec", ToolSpec, CapabilitySpec)
 
 
-def tenant_of(tenant_id: str, settings: Settings) -> str:
-    tenant = tenant_id.strip()
-    if len(tenant) > MAX_TEXT:
-        raise invalid_argument(f"tenant_id is longer than {MAX_TEXT} characters")
-    return tenant or settings.default_tenant
-
-
 def query_of(query: str, settings: Settings) -> str:
-    text = query.strip()
-    if not text:
-        raise invalid_argument("query must not be empty")
-    if len(query) > settings.max_query_chars:
-        raise invalid_argument(
-            f"query is {len(query)} characters long; the maximum is {settings.max_query_chars}"
-        )
-    return text
-
-
-def limit_of(limit: int, settings: Settings) -> int:
-    if limit == 0:
-        return min(DEFAULT_LIMIT, settings.max_limit)
-    if not 1 <= limit <= settings.max_limit:
-        raise invalid_argument(
-            f"limit must be between 1 and {settings.max_limit} (0 means {DEFAULT_LIMIT}); "
-            f"got {limit}"
-        )
-    return limit
+    return text_of(query, settings, "query")
 
 
 def kinds_of(kinds: Iterable[int]) -> list[str]:
