@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from rich.console import Console
@@ -44,6 +44,7 @@ from pml_common.settings import Settings
 
 FOLD_METHODS = ("shgat", "cosine")
 SPLIT_SEED = 0
+Q = TypeVar("Q")
 #: How long one fold may wait for the trainer to publish a model that saw all its executions.
 TRAINING_TIMEOUT_S = 1800.0
 
@@ -53,6 +54,20 @@ def fold_split(count: int, folds: int, seed: int = SPLIT_SEED) -> list[np.ndarra
         raise EvalError(f"--folds must be between 2 and the number of queries ({count})")
     order = np.random.default_rng(seed).permutation(count)
     return list(np.array_split(order, folds))
+
+
+def train_test_folds(
+    queries: Sequence[Q], folds: int, seed: int = SPLIT_SEED
+) -> list[tuple[list[Q], list[Q]]]:
+    """(training queries, test queries) of every fold of `fold_split`."""
+    split = fold_split(len(queries), folds, seed)
+    return [
+        (
+            [queries[i] for other, rows in enumerate(split) if other != number for i in rows],
+            [queries[i] for i in test_rows],
+        )
+        for number, test_rows in enumerate(split)
+    ]
 
 
 def steps_of(query: ToolQuery) -> list[str]:
@@ -81,14 +96,12 @@ def evaluate_folds(
     queries = queries[:max_queries] if max_queries is not None else queries
     if not queries:
         raise EvalError(f"{data / 'queries.jsonl'}: no query with {min_relevant}+ relevant tools")
-    split = fold_split(len(queries), folds)
+    split = train_test_folds(queries, folds)
     services = ("search", "trainer", "scorer") if method == "shgat" else ("search",)
     metrics = ToolMetrics()
     started = time.perf_counter()
     with running_system(settings, console, services) as live:
-        for number, test_rows in enumerate(split):
-            train = [queries[i] for f, rows in enumerate(split) if f != number for i in rows]
-            test = [queries[i] for i in test_rows]
+        for number, (train, test) in enumerate(split):
             label = f"fold {number + 1}/{folds}"
             with eval_tenant(live, tools, console, label) as tenant:
                 rank = _prepare(live, tenant, method, train, console, number, folds)
@@ -200,8 +213,9 @@ def register_capabilities(
         )
         for tools, cid in capabilities.items()
     ]
+    stub = client.search_stub(settings)
     for start in range(0, len(messages), client.REGISTER_BATCH):
-        client.search_stub(settings).RegisterCapabilities(
+        stub.RegisterCapabilities(
             search_pb2.RegisterCapabilitiesRequest(
                 tenant_id=tenant, capabilities=messages[start : start + client.REGISTER_BATCH]
             ),

@@ -32,7 +32,7 @@ from rich.progress import Progress
 
 from pml.v1 import planner_pb2
 from pml_cli import client
-from pml_cli.eval_folds import fold_split, learn_from, steps_of
+from pml_cli.eval_folds import learn_from, steps_of, train_test_folds
 from pml_cli.eval_tools import EvalError, ToolQuery, eval_tenant, load_queries, load_tool_catalog
 from pml_cli.local_stack import running_system
 from pml_cli.plan_metrics import PlanMetrics, next_step_cases
@@ -99,16 +99,14 @@ def evaluate_plan(
     source = sequence_source(queries)
     if source != "sequence":
         console.log(f"queries without `sequence`: using `relevant` in file order ({source})")
-    split = fold_split(len(queries), folds)
+    split = train_test_folds(queries, folds)
     metrics = PlanMetrics(tool_ids={t.id for t in tools})
     accepted: Counter[str] = Counter()
     started = time.perf_counter()
     with running_system(settings, console, PLAN_SERVICES) as live:
         stub = client.planner_stub(live)
-        for number, test_rows in enumerate(split):
+        for number, (train, test) in enumerate(split):
             label = f"fold {number + 1}/{folds}"
-            train = [queries[i] for f, rows in enumerate(split) if f != number for i in rows]
-            test = [queries[i] for i in test_rows]
             with eval_tenant(live, tools, console, label) as tenant:
                 learn_from(live, tenant, train, console, label, ordered=True)
                 accepted.update(run_plans(stub, tenant, method, test, metrics, console, label))
