@@ -65,7 +65,7 @@ def bench_scorer(
         config = make_config(dim, settings.shgat_key_dim, hierarchy.num_nodes)
         params = init_params(config, hierarchy.features, hierarchy.num_levels)
         started = time.perf_counter()
-        model = ServingModel(config, params, hierarchy, "bench")
+        model = ServingModel(config, params, hierarchy)
         build_s = time.perf_counter() - started
     intents = normalise_rows(rng.standard_normal((64, dim)))
     inproc = _timed(lambda i: model.score_capabilities(intents[i % 64], 10), 200)
@@ -110,7 +110,14 @@ class _FixedBuilder:
         self._model = model
 
     async def build(self, tenant: str, current: TenantModel | None = None) -> TenantModel:
-        return TenantModel(tenant, self._model, None, datetime.now(UTC), b"", None)
+        return TenantModel(
+            tenant_id=tenant,
+            model=self._model,
+            record=None,
+            built_at=datetime.now(UTC),
+            graph_digest=b"",
+            registry_version=None,
+        )
 
 
 async def _grpc_latencies(

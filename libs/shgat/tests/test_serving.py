@@ -23,7 +23,7 @@ def _model(seed: int = 0) -> tuple[ServingModel, dict, ShgatConfig]:
     h = task.hierarchy()
     config = make_config(h.dim, 16, h.num_nodes)
     params = init_params(config, h.features, h.num_levels)
-    return ServingModel(config, params, h, "v1"), params, config
+    return ServingModel(config, params, h), params, config
 
 
 def test_scores_are_the_k_head_formula_on_propagated_embeddings() -> None:

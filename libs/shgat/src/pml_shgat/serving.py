@@ -30,12 +30,9 @@ class ScoredNode:
 
 
 class ServingModel:
-    def __init__(
-        self, config: ShgatConfig, params: Params, hierarchy: Hierarchy, version: str = ""
-    ) -> None:
+    def __init__(self, config: ShgatConfig, params: Params, hierarchy: Hierarchy) -> None:
         self.config = config
         self.hierarchy = hierarchy
-        self.version = version
         params = ensure_levels(params, config, hierarchy.num_levels)
         embeddings = propagate(params, hierarchy)
         scale = config.logit_scale

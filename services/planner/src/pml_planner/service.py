@@ -14,6 +14,7 @@ from opentelemetry import trace
 
 from pml.v1 import planner_pb2, planner_pb2_grpc
 from pml_common.grpc_server import invalid_argument
+from pml_common.request_validation import MAX_TEXT, tenant_of, text_of
 from pml_common.settings import Settings
 from pml_planner.outcomes import SuggestionMemory
 from pml_planner.planning import (
@@ -32,7 +33,6 @@ METHODS = ("drdsp", "legacy", "search")
 #: Runners-up returned with a next step (for next_hit@k and for the caller's own choice).
 NEXT_CANDIDATES = 5
 MAX_CONTEXT = 100
-MAX_ID = 512
 
 
 class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
@@ -156,17 +156,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         return NextPlan(picked, "", (), picked[0].score if picked else 0.0)
 
     def _common(self, tenant_id: str, intent: str, method: str) -> tuple[str, str, str]:
-        tenant = tenant_id.strip() or self._settings.default_tenant
-        if len(tenant) > MAX_ID:
-            raise invalid_argument(f"tenant_id is longer than {MAX_ID} characters")
-        text = intent.strip()
-        if not text:
-            raise invalid_argument("intent must not be empty")
-        if len(intent) > self._settings.max_query_chars:
-            raise invalid_argument(
-                f"intent is {len(intent)} characters long; "
-                f"the maximum is {self._settings.max_query_chars}"
-            )
+        tenant = tenant_of(tenant_id, self._settings)
+        text = text_of(intent, self._settings, "intent")
         chosen = method.strip() or "drdsp"
         if chosen not in METHODS:
             raise invalid_argument(f"method {method!r} is not one of {', '.join(METHODS)}")
@@ -177,8 +168,8 @@ def _context_tools(tools: Iterable[str]) -> list[str]:
     values = [t.strip() for t in tools]
     if len(values) > MAX_CONTEXT:
         raise invalid_argument(f"context_tools has {len(values)} entries; at most {MAX_CONTEXT}")
-    if any(not v or len(v) > MAX_ID for v in values):
-        raise invalid_argument(f"context_tools entries must be 1 to {MAX_ID} characters")
+    if any(not v or len(v) > MAX_TEXT for v in values):
+        raise invalid_argument(f"context_tools entries must be 1 to {MAX_TEXT} characters")
     return values
 
 

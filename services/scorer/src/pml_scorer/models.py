@@ -116,7 +116,7 @@ class ModelBuilder:
             record, config, params = usable
         return TenantModel(
             tenant_id=tenant,
-            model=ServingModel(config, params, hierarchy, record.version if record else UNTRAINED),
+            model=ServingModel(config, params, hierarchy),
             record=record,
             built_at=datetime.now(UTC),
             graph_digest=digest,
