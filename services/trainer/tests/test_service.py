@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from redis.asyncio import Redis
 
 from pml_common.events import (
     ExecutionCompleted,
@@ -19,9 +20,12 @@ from pml_common.events import (
     ToolSpec,
     ToolsRegistered,
 )
+from pml_common.lease_lock import FENCING_COUNTER_KEY
+from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
 from pml_common.testing import eventually, service_process
 from pml_trainer.graph_store import GraphStore
+from pml_trainer.replay_buffer import ReplayBuffer
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("pml_common.bus") is None, reason="pml_common.bus not written yet"
@@ -72,7 +76,11 @@ def trainer(settings_env: dict[str, str], tmp_path: Path) -> Iterator[subprocess
 
 
 async def test_trainer_process_applies_events_and_announces_changes(
-    trainer: subprocess.Popen[bytes], settings: Settings, store: GraphStore, tenant: str
+    trainer: subprocess.Popen[bytes],
+    settings: Settings,
+    store: GraphStore,
+    tenant: str,
+    redis: Redis,
 ) -> None:
     from pml_common.bus import EventBus
 
@@ -118,11 +126,21 @@ async def test_trainer_process_applies_events_and_announces_changes(
             within_s=60,
         )
 
+        # A model version of the tenant, as a trainer holding the lock would have published it.
+        registry = ModelRegistry(redis)
+        token = int(await redis.incr(FENCING_COUNTER_KEY))
+        await registry.publish(tenant, b"model", token)
+        replay = ReplayBuffer(redis, capacity=10)
+        assert await replay.size(tenant) == 3  # the executions were buffered
+
         await bus.publish(TenantDeleted.create(tenant_id=tenant))
         await eventually(lambda: store.edges(tenant), lambda e: e == [], within_s=60)
         await eventually(
             lambda: _reasons(announced), lambda r: r[-1] == "tenant_deleted", within_s=60
         )
+        # what was learned for the tenant is gone with it
+        assert await replay.size(tenant) == 0
+        assert await registry.current(tenant) is None
     finally:
         await bus.stop()
 

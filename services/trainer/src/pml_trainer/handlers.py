@@ -21,6 +21,7 @@ from pml_common.events import (
     TenantDeleted,
     ToolsRegistered,
 )
+from pml_common.model_registry import ModelRegistry
 from pml_trainer.cold_start import (
     CatalogTool,
     ColdStartConfig,
@@ -64,6 +65,7 @@ class TrainerHandlers:
         templates: Sequence[Template],
         cold_start: ColdStartConfig | None = None,
         replay: ReplayBuffer | None = None,
+        registry: ModelRegistry | None = None,
     ) -> None:
         self._store = store
         self._publisher = publisher
@@ -71,6 +73,7 @@ class TrainerHandlers:
         self._templates = list(templates)
         self._cold_start = cold_start or ColdStartConfig()
         self._replay = replay
+        self._registry = registry
 
     def subscribe(self, bus: EventBus) -> None:
         bus.subscribe(ToolsRegistered, GROUP, self.on_tools_registered)
@@ -125,8 +128,11 @@ class TrainerHandlers:
 
     async def on_tenant_deleted(self, event: TenantDeleted) -> None:
         deleted = await self._store.delete_tenant(event.tenant_id)
+        # What the trainer learned for the tenant goes with it: traces and model versions.
         if self._replay is not None:
             await self._replay.delete_tenant(event.tenant_id)
+        if self._registry is not None:
+            await self._registry.delete_tenant(event.tenant_id)
         log.info("trainer.tenant_deleted", tenant=event.tenant_id, nodes=deleted)
         # Deleting twice deletes nothing the second time: only a real deletion is announced.
         if deleted:

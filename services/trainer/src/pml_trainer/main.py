@@ -53,6 +53,7 @@ async def serve(settings: Settings) -> None:
         await store.ensure_schema()
         embedder = build_embedder(settings, redis)
         replay = _replay_buffer(settings, redis)
+        registry = ModelRegistry(redis, settings.model_keep_versions)
         handlers = TrainerHandlers(
             store,
             bus,
@@ -60,6 +61,7 @@ async def serve(settings: Settings) -> None:
             templates,
             ColdStartConfig(similarity_threshold=settings.cold_start_similarity),
             replay,
+            registry,
         )
         handlers.subscribe(bus)
         await bus.start()
@@ -67,7 +69,7 @@ async def serve(settings: Settings) -> None:
         learning = LearningLoop(
             buffer=replay,
             lock=LeaseLock(redis, lease_ms=settings.trainer_lease_ms, owner=settings.consumer_name),
-            registry=ModelRegistry(redis, settings.model_keep_versions),
+            registry=registry,
             driver=driver,
             database=settings.neo4j_database,
             embedder=embedder,
