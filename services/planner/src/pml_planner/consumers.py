@@ -2,8 +2,8 @@
 
 - Group `planner-<consumer_name>` (one per replica, created at the stream's end, removed on
   shutdown): `GraphChanged` → sync the tenant's hypergraph if this replica has it loaded (DR-DSP
-  repairs its trees); `TenantDeleted` → forget it. Every replica holds its own state, so every
-  replica sees these.
+  repairs its trees); `TenantDeleted` → forget it, with its learned thresholds and remembered
+  suggestions. Every replica holds its own state, so every replica sees these.
 - Group `planner` (shared, each event once): `ExecutionCompleted` → the outcome of the
   suggestions made for that intent, which adaptive thresholds learn from.
 """
@@ -40,6 +40,8 @@ class PlannerConsumers:
 
     async def on_tenant_deleted(self, event: TenantDeleted) -> None:
         self._planners.drop(event.tenant_id)
+        # Every replica does it too; deleting twice deletes nothing the second time.
+        await self._memory.forget_tenant(event.tenant_id)
 
     async def on_execution_completed(self, event: ExecutionCompleted) -> None:
         await self._memory.learn(event)

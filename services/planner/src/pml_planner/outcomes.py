@@ -43,6 +43,11 @@ class SuggestionMemory:
             pipe.expire(key, MEMORY_TTL_S)
             await pipe.execute()
 
+    async def forget_tenant(self, tenant: str) -> None:
+        """Drop the tenant's remembered suggestions and the thresholds they taught."""
+        await self._redis.delete(f"{PREFIX}:{tenant}")
+        await self._thresholds.delete_tenant(tenant)
+
     async def learn(self, event: ExecutionCompleted) -> list[tuple[str, Outcome]]:
         """Give the suggestions made for this intent their outcome; returns what was learned."""
         key = f"{PREFIX}:{event.tenant_id}"
