@@ -8,6 +8,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -17,6 +19,7 @@ from rich.console import Console
 
 from pml_cli import client
 from pml_cli.catalog_files import CatalogFileError, load_catalog
+from pml_cli.eval_tools import EvalError
 from pml_cli.execution_files import ExecutionFileError, load_executions
 from pml_cli.local_stack import LocalStack
 from pml_common.local_runtime import LocalRuntimeError
@@ -51,6 +54,17 @@ def _emit(result: dict[str, Any], as_json: bool) -> None:
     width = max((len(k) for k in result), default=0)
     for key, value in result.items():
         out.print(f"{key:>{width}}: {value}")
+
+
+@contextmanager
+def _reported() -> Iterator[None]:
+    """The failures a user can cause or meet: a message and an exit code, not a traceback."""
+    try:
+        yield
+    except grpc.RpcError as exc:
+        rpc_failure(exc)
+    except (EvalError, CatalogFileError, ExecutionFileError) as exc:
+        fail(str(exc))
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -137,13 +151,9 @@ def catalog_load(
 ) -> None:
     """Register every tool of FILE with the search service."""
     settings = Settings()
-    try:
+    with _reported():
         tools = load_catalog(file, server)
         registered = client.register_tools(settings, tenant or settings.default_tenant, tools)
-    except CatalogFileError as exc:
-        fail(str(exc))
-    except grpc.RpcError as exc:
-        rpc_failure(exc)
     out.print(f"registered {registered} tools from {file}")
 
 
@@ -159,10 +169,8 @@ def search(
 ) -> None:
     """Unified search, or hybrid search with context tools when --context is given."""
     settings = Settings()
-    try:
+    with _reported():
         rows = client.search(settings, tenant or settings.default_tenant, query, limit, context)
-    except grpc.RpcError as exc:
-        rpc_failure(exc)
     if as_json:
         out.print_json(json.dumps(rows))
         return
@@ -176,10 +184,8 @@ def publish_execution(
 ) -> None:
     """Publish ExecutionCompleted events on their Redis stream."""
     settings = Settings()
-    try:
+    with _reported():
         events = load_executions(file, tenant or settings.default_tenant)
-    except ExecutionFileError as exc:
-        fail(str(exc))
     ids = asyncio.run(client.publish_events(settings, events))
     out.print(f"published {len(ids)} ExecutionCompleted event(s): {', '.join(ids[:5])}")
 
@@ -202,19 +208,15 @@ def eval_tools(
 ) -> None:
     """Tool retrieval metrics of one method on DATA, through the running system."""
     from pml_cli.eval_folds import evaluate_folds
-    from pml_cli.eval_tools import EvalError, evaluate_tools
+    from pml_cli.eval_tools import evaluate_tools
 
-    try:
+    with _reported():
         if folds is not None:
             result = evaluate_folds(Settings(), data, method, folds, min_relevant, max_queries, err)
         elif min_relevant != 1:
             raise EvalError("--min-relevant needs --folds")
         else:
             result = evaluate_tools(Settings(), data, method, max_queries, err)
-    except EvalError as exc:
-        fail(str(exc))
-    except grpc.RpcError as exc:
-        rpc_failure(exc)
     _emit(result, as_json)
 
 
@@ -246,12 +248,10 @@ def plan_next(
     """The next tool for INTENT after the --context tools, with the ranked candidates."""
     settings = Settings()
     _check_plan_method(method)
-    try:
+    with _reported():
         reply = client.predict_next(
             settings, tenant or settings.default_tenant, intent, context, method
         )
-    except grpc.RpcError as exc:
-        rpc_failure(exc)
     if as_json:
         sys.stdout.write(json.dumps(client.as_dict(reply)) + "\n")
     else:
@@ -268,10 +268,8 @@ def plan_dag(
     """A whole workflow for INTENT: nodes, dependency edges and an execution order."""
     settings = Settings()
     _check_plan_method(method)
-    try:
+    with _reported():
         reply = client.suggest_dag(settings, tenant or settings.default_tenant, intent, method)
-    except grpc.RpcError as exc:
-        rpc_failure(exc)
     if as_json:
         sys.stdout.write(json.dumps(client.as_dict(reply)) + "\n")
     else:
@@ -294,14 +292,9 @@ def eval_plan(
 ) -> None:
     """Next-step hits and DAG node/edge F1 against each query's `sequence`, K-fold."""
     from pml_cli.eval_plan import evaluate_plan
-    from pml_cli.eval_tools import EvalError
 
-    try:
+    with _reported():
         result = evaluate_plan(Settings(), data, method, folds, min_steps, max_queries, err)
-    except EvalError as exc:
-        fail(str(exc))
-    except grpc.RpcError as exc:
-        rpc_failure(exc)
     _emit(result, as_json)
 
 
@@ -315,16 +308,14 @@ def eval_make_workflows(
     ] = None,
 ) -> None:
     """Write a workflow set with `sequence`: synthetic, or --from a set's multi-tool queries."""
-    from pml_cli.eval_tools import EvalError
     from pml_cli.workflow_sets import sequences_from_relevant, write_synthetic_workflows
 
     try:
-        if source is not None:
-            summary = sequences_from_relevant(source, out_dir)
-        else:
-            summary = write_synthetic_workflows(out_dir, seed)
-    except EvalError as exc:
-        fail(str(exc))
+        with _reported():
+            if source is not None:
+                summary = sequences_from_relevant(source, out_dir)
+            else:
+                summary = write_synthetic_workflows(out_dir, seed)
     except OSError as exc:
         fail(f"{out_dir}: cannot write: {exc.strerror}")
     for key, value in summary.items():
@@ -357,10 +348,8 @@ def bench_scorer(
     """SHGAT scoring latency, training step cost, and executions-to-serving time."""
     from pml_cli.bench_scorer import bench_scorer as run_bench
 
-    try:
+    with _reported():
         result = run_bench(Settings(), capabilities, requests, rounds, err)
-    except grpc.RpcError as exc:
-        rpc_failure(exc)
     _emit(result, as_json)
 
 
