@@ -9,6 +9,7 @@ from pml_cli.eval_folds import capability_orders, co_used_capabilities, training
 from pml_cli.eval_plan import (
     candidates_of,
     evaluate_plan,
+    methods_of,
     plan_queries,
     run_plans,
     sequence_source,
@@ -113,6 +114,14 @@ def test_run_plans_asks_every_prefix_and_one_dag() -> None:
 def test_candidates_fall_back_to_next_tool() -> None:
     assert candidates_of(planner_pb2.PredictNextResponse(next_tool="a")) == ["a"]
     assert candidates_of(planner_pb2.PredictNextResponse()) == []
+
+
+def test_methods_are_one_or_several_known_ones_in_order() -> None:
+    assert methods_of("drdsp") == ["drdsp"]
+    assert methods_of(" search,drdsp,search ") == ["search", "drdsp"]
+    for bad in ("", ",", "drdsp,shgat"):
+        with pytest.raises(EvalError, match="unknown method"):
+            methods_of(bad)
 
 
 def test_evaluate_plan_rejects_bad_input_before_starting_anything(tmp_path: Path) -> None:

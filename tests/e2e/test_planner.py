@@ -90,6 +90,16 @@ def test_learned_capabilities_become_the_dag_and_failures_move_it(
     assert list(first.order).index(members[0]) < list(first.order).index(members[1])  # type: ignore[attr-defined]
     assert {(e.source, e.target) for e in first.edges} >= {(m, chosen) for m in members}  # type: ignore[attr-defined]
 
+    # Strategic discovery, from what already ran: the mail step points at the mail branch.
+    found = planner.PredictNext(
+        planner_pb2.PredictNextRequest(
+            tenant_id=e2e_tenant, intent=INTENT, context_tools=["mail:send"], method="discovery"
+        ),
+        timeout=30,
+    )
+    assert found.target_capability == "report-by-mail"
+    assert [c.tool for c in found.candidates] == ["report:build_weekly"]
+
     # Runs of the chosen branch fail at its last step.
     failures = [
         ExecutionCompleted.create(

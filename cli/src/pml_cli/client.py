@@ -51,7 +51,7 @@ def planner_stub(settings: Settings) -> planner_pb2_grpc.PlannerServiceStub:
 
 
 #: What `method` of PredictNext and SuggestDag accepts; the first is the planner's default.
-PLAN_METHODS = ("drdsp", "legacy", "search")
+PLAN_METHODS = ("drdsp", "legacy", "discovery", "search")
 
 
 def predict_next(

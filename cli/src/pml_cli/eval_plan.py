@@ -14,6 +14,9 @@ before, and the evaluation waits until the scorer serves a model trained on all 
 every test query of n steps is asked n times for the next step (PredictNext with the first
 i = 0..n-1 steps as context) and once for a whole workflow (SuggestDag), with the chosen method;
 the metrics are those of `plan_metrics`. The tenant is deleted afterwards.
+
+Several methods (`--method drdsp,legacy,search`) are asked in turn on the same learned folds, so
+they are compared on one and the same learning; the result then has one entry per method.
 """
 
 from __future__ import annotations
@@ -78,6 +81,16 @@ def candidates_of(reply: planner_pb2.PredictNextResponse) -> list[str]:
     return ranked
 
 
+def methods_of(spec: str) -> list[str]:
+    """`drdsp` or `drdsp,legacy,...`: known methods, in the given order, without repeats."""
+    methods = list(dict.fromkeys(m.strip() for m in spec.split(",") if m.strip()))
+    unknown = [m for m in methods if m not in client.PLAN_METHODS]
+    if unknown or not methods:
+        choices = ", ".join(client.PLAN_METHODS)
+        raise EvalError(f"unknown method {spec!r}; choose among {choices} (comma-separated)")
+    return methods
+
+
 def evaluate_plan(
     settings: Settings,
     data: Path,
@@ -87,9 +100,7 @@ def evaluate_plan(
     max_queries: int | None,
     console: Console,
 ) -> dict[str, Any]:
-    if method not in client.PLAN_METHODS:
-        choices = ", ".join(client.PLAN_METHODS)
-        raise EvalError(f"unknown method {method!r}; choose one of {choices}")
+    methods = methods_of(method)
     if min_steps < 1:
         raise EvalError("--min-steps must be at least 1")
     tools = load_tool_catalog(data)
@@ -100,8 +111,8 @@ def evaluate_plan(
     if source != "sequence":
         console.log(f"queries without `sequence`: using `relevant` in file order ({source})")
     split = train_test_folds(queries, folds)
-    metrics = PlanMetrics(tool_ids={t.id for t in tools})
-    accepted: Counter[str] = Counter()
+    metrics = {m: PlanMetrics(tool_ids={t.id for t in tools}) for m in methods}
+    accepted: dict[str, Counter[str]] = {m: Counter() for m in methods}
     started = time.perf_counter()
     with running_system(settings, console, PLAN_SERVICES) as live:
         stub = client.planner_stub(live)
@@ -109,17 +120,23 @@ def evaluate_plan(
             label = f"fold {number + 1}/{folds}"
             with eval_tenant(live, tools, console, label) as tenant:
                 learn_from(live, tenant, train, console, label, ordered=True)
-                accepted.update(run_plans(stub, tenant, method, test, metrics, console, label))
+                for m in methods:
+                    answered = run_plans(stub, tenant, m, test, metrics[m], console, label)
+                    accepted[m].update(answered)
+    common = {"folds": folds, "min_steps": min_steps, "sequence_from": source}
+    results = [{"method": m, **common, **_figures(metrics[m], accepted[m])} for m in methods]
+    seconds = round(time.perf_counter() - started, 1)
+    if len(results) == 1:
+        return {**results[0], "seconds": seconds}
+    return {**common, "methods": results, "seconds": seconds}
+
+
+def _figures(metrics: PlanMetrics, accepted: Counter[str]) -> dict[str, Any]:
     result = metrics.result()
     return {
-        "method": method,
-        "folds": folds,
-        "min_steps": min_steps,
-        "sequence_from": source,
         **result,
         "next_accepted": _share(accepted["next"], int(result["predictions"])),
         "dag_accepted": _share(accepted["dag"], int(result["queries"])),
-        "seconds": round(time.perf_counter() - started, 1),
     }
 
 

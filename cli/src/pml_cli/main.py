@@ -241,7 +241,7 @@ def plan_next(
         list[str] | None,
         typer.Option("--context", help="A tool already used, in order (repeatable)."),
     ] = None,
-    method: Annotated[str, typer.Option(help="drdsp | legacy | search")] = "drdsp",
+    method: Annotated[str, typer.Option(help="drdsp | legacy | discovery | search")] = "drdsp",
     tenant: TenantOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
@@ -261,7 +261,7 @@ def plan_next(
 @plan_app.command("dag")
 def plan_dag(
     intent: Annotated[str, typer.Argument(help="What the agent wants to do.")],
-    method: Annotated[str, typer.Option(help="drdsp | legacy | search")] = "drdsp",
+    method: Annotated[str, typer.Option(help="drdsp | legacy | discovery | search")] = "drdsp",
     tenant: TenantOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
@@ -285,7 +285,9 @@ def _check_plan_method(method: str) -> None:
 def eval_plan(
     data: Annotated[Path, typer.Option(help="Folder with catalog.jsonl and queries.jsonl.")],
     folds: Annotated[int, typer.Option(help="K-fold: learn from K-1 folds, test on one.")] = 5,
-    method: Annotated[str, typer.Option(help="drdsp | legacy | search")] = "drdsp",
+    method: Annotated[
+        str, typer.Option(help="drdsp | legacy | discovery | search, or several: drdsp,legacy")
+    ] = "drdsp",
     min_steps: Annotated[int, typer.Option(help="Keep queries with at least this many steps.")] = 2,
     max_queries: Annotated[int | None, typer.Option(help="Evaluate the first N only.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,

@@ -32,6 +32,18 @@ def test_hyperedges_cover_capabilities_declared_order_and_planning_links_only() 
     assert not any(e.startswith("contains:") for e in edges)
 
 
+def test_a_guessed_link_costs_what_its_stored_weight_says() -> None:
+    links = (
+        LinkInfo("s:a", "s:c", "sequence", "inferred", 0, 0.5 * 0.7 * 0.4),  # cosine 0.4 guess
+        LinkInfo("s:b", "s:c", "sequence", "observed", 3, 0.5),
+        LinkInfo("s:x", "s:c", "dependency", "template", 0, 0.0),  # no weight stored
+    )
+    edges = hyperedges_of(_graph(links=links))
+    assert abs(edges["sequence:s:a->s:c"].cost - 1 / (0.5 * 0.7 * 0.4)) < 1e-9
+    assert edges["sequence:s:b->s:c"].cost == 2.0
+    assert edges["dependency:s:x->s:c"].cost == 2.0  # 1 / (1.0 × 0.5): the nominal weight
+
+
 def test_sync_changes_only_what_changed() -> None:
     planner = TenantPlanner.build(_graph())
     assert planner.sync(_graph()) == 0
@@ -56,6 +68,21 @@ def test_next_step_follows_the_target_dag_after_the_context() -> None:
     cold = planner.predict_next(planner.target(Candidate("B", 0.9)), [], k=3)
     assert [c.id for c in cold.candidates] == ["s:c", "s:x"]
     assert cold.candidates[0].score > cold.candidates[1].score
+
+
+def test_discovery_suggests_the_capability_the_context_overlaps() -> None:
+    planner = TenantPlanner.build(_graph())
+    plan = planner.discovery_next(["s:x"], {}, k=3)
+    assert plan.target == "B"
+    assert [c.id for c in plan.candidates] == ["s:c"]
+    # Same overlap (one tool of two each): the intent's target score breaks the tie.
+    tied = ["s:a", "s:c"]
+    assert planner.discover(tied, {"B": 0.9, "A": 0.2}, 2)[0].id == "B"
+    assert planner.discover(tied, {"A": 0.9, "B": 0.2}, 2)[0].id == "A"
+    # A capability fully run gives way to the next one that still has steps.
+    done = planner.discovery_next(["s:a", "s:b", "s:c"], {}, k=3)
+    assert done.target == "B" and [c.id for c in done.candidates] == ["s:x"]
+    assert planner.discovery_next(["s:unknown"], {}, k=3).candidates == ()
 
 
 def test_legacy_chain_and_search_chain() -> None:

@@ -1,12 +1,13 @@
-"""One tenant's planning state: its hypergraph under DR-DSP, and the three planning methods.
+"""One tenant's planning state: its hypergraph under DR-DSP, and the planning methods.
 
 The hypergraph is built from the trainer's graph: every capability is a hyperedge from its
 members (tools and sub-capabilities) to itself, at the cost of its unreliability; every learned
-`sequence` / `dependency` LINK is a 1→1 hyperedge at `1 / (type weight × source multiplier)`
-times the unreliability of its destination (ADR-038 §2.3). `contains` LINKs are not used: the
-declared membership already is the capability's hyperedge. `sync` brings it to a newer read of
-the graph by adding, removing and reweighting only the hyperedges that changed, so DR-DSP
-repairs its kept trees instead of recomputing them.
+`sequence` / `dependency` LINK is a 1→1 hyperedge at `1 / weight` times the unreliability of its
+destination (ADR-038 §2.3), with the weight the trainer stored: type weight × source multiplier
+× the cold-start factor of a guessed link (a similarity guess costs more than an observation).
+`contains` LINKs are not used: the declared membership already is the capability's hyperedge.
+`sync` brings it to a newer read of the graph by adding, removing and reweighting only the
+hyperedges that changed, so DR-DSP repairs its kept trees instead of recomputing them.
 
 Methods:
 - `drdsp`: the target capability comes from the caller (SHGAT, or search before a model is
@@ -14,6 +15,10 @@ Methods:
   tool of the forward hyperpath from the current tool, then the DAG's remaining tools in order.
 - `legacy`: ADR-038 §2.2 (co-occurrence 0.6, Louvain 0.3, recency 0.1, PageRank 0.1) from the
   current tool; the DAG is a greedy chain of such steps from the first tool.
+- `discovery`: strategic discovery (ADR-038 §3.2) from the context tools: the capability of
+  best overlap × (1 + spectral boost), the intent's target score breaking ties; the next step is
+  its first member tool not yet run, its DAG the capability's dependency DAG. Without context it
+  starts from the intent's first search tool.
 - `search`: the intent's unified-search order of tools, as a chain.
 """
 
@@ -25,8 +30,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from pml_common.edge_weights import edge_weight
+from pml_planner.discovery import StrategicDiscovery
 from pml_planner.drdsp import DRDSP, DependencyDag
-from pml_planner.graph_source import PlannerGraph
+from pml_planner.graph_source import LinkInfo, PlannerGraph
 from pml_planner.hypergraph import Hyperedge, capability_hyperedge, link_hyperedge
 from pml_planner.legacy import ToolGraphFeatures
 
@@ -90,11 +97,20 @@ def hyperedges_of(graph: PlannerGraph) -> dict[str, Hyperedge]:
         if link.type not in PLANNING_LINKS or link.src == link.dst:
             continue
         dst = graph.nodes.get(link.dst)
+        rate = dst.success_rate if dst else None
         edge = link_hyperedge(
-            link.src, link.dst, link.type, link.source, dst.success_rate if dst else None
+            link.src, link.dst, link.type, link.source, rate, _cold_start_factor(link)
         )
         edges[edge.id] = edge
     return edges
+
+
+def _cold_start_factor(link: LinkInfo) -> float:
+    """The factor the trainer folded into the stored weight (1.0 when none is stored)."""
+    nominal = edge_weight(link.type, link.source)
+    if link.weight <= 0 or nominal <= 0:
+        return 1.0
+    return min(1.0, link.weight / nominal)
 
 
 @dataclass
@@ -103,6 +119,7 @@ class TenantPlanner:
     drdsp: DRDSP = field(default_factory=DRDSP)
     _edges: dict[str, Hyperedge] = field(default_factory=dict)
     _legacy: ToolGraphFeatures | None = None
+    _discovery: StrategicDiscovery | None = None
 
     @classmethod
     def build(cls, graph: PlannerGraph) -> TenantPlanner:
@@ -132,7 +149,9 @@ class TenantPlanner:
             changed += 1
         self.graph = graph
         if changed:
-            self._legacy = None  # Louvain and PageRank belong to one version of the graph
+            # Louvain, PageRank and spectral clusters belong to one version of the graph.
+            self._legacy = None
+            self._discovery = None
         return changed
 
     # --- drdsp ------------------------------------------------------------------------------
@@ -203,6 +222,45 @@ class TenantPlanner:
                 break
             chain.append(step[0].id)
         return chain
+
+    # --- discovery --------------------------------------------------------------------------
+
+    def discovery(self) -> StrategicDiscovery:
+        if self._discovery is None:
+            tools = {
+                cap: [m for m in members if self.is_tool(m)]
+                for cap, members in self.graph.members.items()
+            }
+            self._discovery = StrategicDiscovery.build(tools)
+        return self._discovery
+
+    def discover(
+        self, context: Sequence[str], intent_scores: dict[str, float], k: int
+    ) -> list[Candidate]:
+        """Capabilities by discovery score, best first; among equal scores the one that fits
+        the intent better (its target score), then the smaller id."""
+        found = self.discovery().rank_capabilities(context, len(self.graph.members) or 1)
+        found.sort(key=lambda c: (-c[1], -intent_scores.get(c[0], 0.0), c[0]))
+        return [Candidate(cap, score) for cap, score in found[:k]]
+
+    def discovery_next(
+        self, context: Sequence[str], intent_scores: dict[str, float], k: int
+    ) -> NextPlan:
+        """The member tools not yet run of the discovered capabilities, in capability order
+        then member order; each step down the list halves the score, as in `predict_next`."""
+        done = set(context)
+        ordered: list[str] = []
+        best: Candidate | None = None
+        for found in self.discover(context, intent_scores, k):
+            tools = [t for t in self.target(found).dag.order if self.is_tool(t) and t not in done]
+            if tools and best is None:
+                best = found
+            ordered += tools
+        if best is None:
+            return NextPlan((), "", (), 0.0)
+        picked = list(dict.fromkeys(ordered))[:k]
+        candidates = tuple(Candidate(v, best.score / (2**i)) for i, v in enumerate(picked))
+        return NextPlan(candidates, best.id, (), best.score)
 
 
 def chain_plan(tools: Sequence[str], confidence: float) -> DagPlan:

@@ -1,8 +1,8 @@
 """PlannerService: next-step prediction and whole-DAG suggestion (seed 000 PREDICTION and
-SUGGESTION modes), by DR-DSP over the capability hypergraph, or by the legacy heuristic or
-search order for comparison. Every answer passes the adaptive threshold of its context
-(`<method>:next` / `<method>:dag`); a rejected one still carries what was computed, with
-`accepted = false` and the reason.
+SUGGESTION modes), by DR-DSP over the capability hypergraph, or for comparison by the legacy
+heuristic, strategic discovery or search order (see `planning` for each method). Every
+answer passes the adaptive threshold of its context (`<method>:next` / `<method>:dag`); a
+rejected one still carries what was computed, with `accepted = false` and the reason.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pml_planner.targets import TargetSource
 from pml_planner.tenants import TenantPlanners
 from pml_planner.thresholds import RedisThresholdStore, context_key
 
-METHODS = ("drdsp", "legacy", "search")
+METHODS = ("drdsp", "legacy", "discovery", "search")
 #: Runners-up returned with a next step (for next_hit@k and for the caller's own choice).
 NEXT_CANDIDATES = 5
 MAX_CONTEXT = 100
@@ -60,6 +60,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             plan = await self._drdsp_next(tenant, intent, tools, planner)
         elif method == "legacy":
             plan = await self._legacy_next(tenant, intent, tools, planner)
+        elif method == "discovery":
+            plan = await self._discovery_next(tenant, intent, tools, planner)
         else:
             plan = await self._search_next(tenant, intent, tools)
         decision = await self._thresholds.decide(
@@ -96,6 +98,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             first = await self._targets.tools(tenant, intent, 1)
             chain = planner.legacy_chain(first[0].id) if first else []
             plan = chain_plan(chain, first[0].score if first else 0.0)
+        elif method == "discovery":
+            plan = await self._discovery_dag(tenant, intent, planner)
         else:
             ranked = await self._targets.tools(tenant, intent, 3)
             plan = chain_plan([t.id for t in ranked], ranked[0].score if ranked else 0.0)
@@ -147,6 +151,27 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             return await self._search_next(tenant, intent, tools)
         ranked = planner.legacy_next(tools, NEXT_CANDIDATES)
         return NextPlan(tuple(ranked), "", (), ranked[0].score if ranked else 0.0)
+
+    async def _intent_scores(self, tenant: str, intent: str) -> dict[str, float]:
+        targets = await self._targets.capabilities(tenant, intent)
+        return {c.id: c.score for c in targets.candidates}
+
+    async def _discovery_next(
+        self, tenant: str, intent: str, tools: list[str], planner: TenantPlanner
+    ) -> NextPlan:
+        if not tools:  # discovery is passive: with nothing run yet, start where search would
+            return await self._search_next(tenant, intent, tools)
+        scores = await self._intent_scores(tenant, intent)
+        return planner.discovery_next(tools, scores, NEXT_CANDIDATES)
+
+    async def _discovery_dag(self, tenant: str, intent: str, planner: TenantPlanner) -> DagPlan:
+        """The DAG of the capability discovered from the intent's first search tool."""
+        first = await self._targets.tools(tenant, intent, 1)
+        scores = await self._intent_scores(tenant, intent)
+        found = planner.discover([first[0].id], scores, 1) if first else []
+        if not found:
+            return chain_plan([first[0].id] if first else [], first[0].score if first else 0.0)
+        return planner.suggest_dag(planner.target(found[0]))
 
     async def _search_next(self, tenant: str, intent: str, tools: list[str]) -> NextPlan:
         done = set(tools)
