@@ -3,6 +3,7 @@
 
 SHELL := /bin/bash
 UV_VERSION := 0.13.9
+KUSTOMIZE_VERSION := v5.5.0
 export UV_PYTHON_DOWNLOADS := never
 export UV_FROZEN := 1
 UV := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
@@ -12,7 +13,7 @@ PROTO_OUT := libs/proto
 PROTOS := $(wildcard proto/pml/v1/*.proto)
 PROTO_STAMP := $(PROTO_OUT)/pml/v1/.generated
 
-.PHONY: deps system-deps python-deps neo4j proto run test lint typecheck fmt bench clean up down
+.PHONY: deps system-deps python-deps neo4j proto run test lint typecheck fmt bench clean up down compose-secrets
 
 ## deps: everything a fresh machine needs (system packages, Python lockfile, Neo4j jars, protos)
 deps: system-deps python-deps neo4j proto
@@ -22,6 +23,9 @@ system-deps:
 	@command -v java >/dev/null || { echo "JDK 17 is required (apt package openjdk-17-jdk-headless)"; exit 1; }
 	@command -v mvn >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq maven; }
 	@command -v uv >/dev/null || [ -x $(HOME)/.local/bin/uv ] || python3 -m pip install --quiet --user "uv==$(UV_VERSION)"
+	@# kustomize renders deploy/k8s for its tests: kubectl's, or the Go module when kubectl is missing
+	@command -v kubectl >/dev/null || command -v kustomize >/dev/null || [ -x $(HOME)/go/bin/kustomize ] \
+	  || go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
 
 python-deps: system-deps
 	@$(UV) sync --all-packages --quiet
@@ -58,8 +62,18 @@ fmt:
 	$(UV) run ruff check --fix .
 
 ## up / down: the containerised system (docker compose), traces in Jaeger on :16686
-up:
+up: compose-secrets
 	docker compose up -d --build
+
+## compose-secrets: random store passwords for compose, once (.pml is ignored by git)
+COMPOSE_SECRETS := .pml/compose-secrets
+compose-secrets:
+	@mkdir -p $(COMPOSE_SECRETS) && chmod 700 $(COMPOSE_SECRETS)
+	@for name in redis_password neo4j_password; do \
+	  [ -s $(COMPOSE_SECRETS)/$$name ] || python3 -c 'import secrets, sys; sys.stdout.write(secrets.token_urlsafe(24))' > $(COMPOSE_SECRETS)/$$name; \
+	done
+	@[ -s $(COMPOSE_SECRETS)/neo4j_auth ] || printf 'neo4j/%s' "$$(cat $(COMPOSE_SECRETS)/neo4j_password)" > $(COMPOSE_SECRETS)/neo4j_auth
+	@chmod 644 $(COMPOSE_SECRETS)/*
 
 down:
 	docker compose down
