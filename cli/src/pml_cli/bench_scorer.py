@@ -128,6 +128,9 @@ async def _grpc_latencies(
     requests: int,
     console: Console,
 ) -> list[float]:
+    # A private loopback server: plaintext and no token, whatever the environment asks of the
+    # real services, so the figures are comparable from one run to the next.
+    settings = settings.model_copy(update={"tls_enabled": False, "auth_enabled": False})
     server = GrpcServer(settings, 0, "scorer-bench")
     servicer = ScorerServicer(settings, ModelSnapshots(_FixedBuilder(model)), embedder)
     server.add(

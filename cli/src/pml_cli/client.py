@@ -8,8 +8,6 @@ from typing import Any
 
 import grpc
 from google.protobuf.json_format import MessageToDict
-from opentelemetry.instrumentation.grpc import client_interceptor
-from opentelemetry.instrumentation.grpc.grpcext import intercept_channel
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -24,18 +22,15 @@ from pml.v1 import (
 )
 from pml_common.bus import EventBus
 from pml_common.events import Event, ToolSpec
+from pml_common.grpc_client import blocking_channel
 from pml_common.settings import Settings
 
 REGISTER_BATCH = 500
 
 
 def channel(address: str, settings: Settings) -> grpc.Channel:
-    options = [
-        ("grpc.max_send_message_length", settings.grpc_max_message_bytes),
-        ("grpc.max_receive_message_length", settings.grpc_max_message_bytes),
-    ]
-    # OpenTelemetry's interceptor has its own channel wrapper (grpcext), not grpc's.
-    return intercept_channel(grpc.insecure_channel(address, options), client_interceptor())
+    """A traced channel with the message size limits, TLS and bearer token of `settings`."""
+    return blocking_channel(address, settings)
 
 
 def search_stub(settings: Settings) -> search_pb2_grpc.SearchServiceStub:

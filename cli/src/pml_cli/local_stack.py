@@ -52,14 +52,20 @@ def settings_to_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def wait_healthy(address: str, timeout: float, proc: ManagedProcess | None = None) -> None:
-    """Block until the gRPC health service at `address` answers SERVING."""
+def wait_healthy(
+    address: str,
+    timeout: float,
+    proc: ManagedProcess | None = None,
+    settings: Settings | None = None,
+) -> None:
+    """Block until the gRPC health service at `address` answers SERVING (over TLS when
+    `settings` say so)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and not proc.alive():
             tail = proc.log_path.read_text(errors="replace")[-3000:]
             raise LocalRuntimeError(f"{proc.name} exited during start-up:\n{tail}")
-        if check(address, timeout=1.0):
+        if check(address, timeout=1.0, settings=settings):
             return
         time.sleep(0.25)
     raise LocalRuntimeError(f"no healthy gRPC server at {address} after {timeout:.0f}s")
@@ -85,7 +91,7 @@ def start_service(
         )
     port = getattr(settings, port_field)
     proc = ManagedProcess(name, popen, f"{settings.grpc_host}:{port}", log_path)
-    wait_healthy(proc.url, timeout=90, proc=proc)
+    wait_healthy(proc.url, timeout=90, proc=proc, settings=settings)
     return proc
 
 
@@ -157,7 +163,8 @@ def running_system(
 
     `services` are those the caller needs; a running system must answer on all of them.
     """
-    if all(_reachable(getattr(settings, f"{name}_addr")) for name in services if name != "trainer"):
+    addresses = [getattr(settings, f"{name}_addr") for name in services if name != "trainer"]
+    if all(_reachable(address, settings) for address in addresses):
         yield settings
         return
     with tempfile.TemporaryDirectory(prefix="pml-eval-") as tmp:
@@ -171,9 +178,9 @@ def running_system(
             stack.stop()
 
 
-def _reachable(address: str) -> bool:
+def _reachable(address: str, settings: Settings) -> bool:
     try:
-        wait_healthy(address, timeout=2)
+        wait_healthy(address, timeout=2, settings=settings)
     except LocalRuntimeError:
         return False
     return True

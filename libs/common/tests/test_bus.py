@@ -364,3 +364,38 @@ async def test_entry_that_keeps_killing_consumers_is_dead_lettered(
     assert letters[0].event_id == poison.event_id
     assert "delivered 3 times without being handled" in letters[0].reason
     assert pending["pending"] == 0
+
+
+async def test_bus_logs_in_with_the_configured_redis_user(
+    settings: Settings, tenant: str, redis_client: aioredis.Redis
+) -> None:
+    user, password = f"pml-{tenant}", uuid.uuid4().hex
+    await redis_client.acl_setuser(
+        user,
+        enabled=True,
+        passwords=[f"+{password}"],
+        keys=["*"],
+        channels=["*"],
+        commands=["+@all"],
+    )
+    try:
+        seen, handle = recorder(tenant)
+        login = Settings(
+            **{**settings.model_dump(), "redis_username": user, "redis_password": password}
+        )
+        bus = EventBus(login, "test")
+        bus.subscribe(ExecutionCompleted, group_name(), handle)
+        async with bus:
+            await bus.publish(execution(tenant))
+            await eventually(lambda: len(seen) == 1)
+            clients = await redis_client.client_list()
+            # The bus's own client and its broker's connections both logged in as the user.
+            assert sum(1 for c in clients if c.get("user") == user) >= 2
+        wrong = Settings(
+            **{**settings.model_dump(), "redis_username": user, "redis_password": "nope"}
+        )
+        with pytest.raises(aioredis.AuthenticationError):
+            async with EventBus(wrong, "test") as refused:
+                await refused.publish(execution(tenant))
+    finally:
+        await redis_client.acl_deluser(user)

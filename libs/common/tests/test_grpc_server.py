@@ -22,6 +22,7 @@ from pml_common.bus import EventBus
 from pml_common.events import ExecutionCompleted, ExecutionStep
 from pml_common.grpc_client import channel
 from pml_common.grpc_server import (
+    MAX_ERROR_MESSAGE,
     GrpcServer,
     RequestError,
     check_deadline,
@@ -58,6 +59,8 @@ class TinySearch(search_pb2_grpc.SearchServiceServicer):
                 raise neo4j.exceptions.ServiceUnavailable("cannot reach bolt://127.0.0.1:1")
             case "crash":
                 raise ValueError("secret internals")
+            case "echo-huge-input":
+                raise invalid_argument(f"bad id {'x' * 100_000!r}")
             case "slow":
                 await asyncio.sleep(0.3)
                 check_deadline(context)
@@ -168,6 +171,37 @@ async def test_errors_map_to_status_codes(
     assert "secret internals" not in details
     # The server survives and keeps answering.
     assert (await get_node(ch, "fine")).id == "fine"
+
+
+async def test_error_messages_quoting_huge_input_are_shortened(
+    served: tuple[GrpcServer, grpc.aio.Channel],
+) -> None:
+    _, ch = served
+    code, details = await status_of(ch, "echo-huge-input")
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert details.startswith("bad id 'xxx")
+    assert len(details) == MAX_ERROR_MESSAGE
+
+
+async def test_messages_over_the_size_limit_are_refused(settings: Settings) -> None:
+    small = settings.model_copy(update={"grpc_max_message_bytes": 4096})
+    server = GrpcServer(small, 0, "search-test")
+    servicer = TinySearch()
+    server.add(lambda s: search_pb2_grpc.add_SearchServiceServicer_to_server(servicer, s), SERVICE)
+    port = await server.start()
+    try:
+        # A client allowed to send more than the server accepts.
+        async with channel(f"127.0.0.1:{port}", settings) as ch:
+            assert (await get_node(ch, "x" * 1000)).id == "x" * 1000
+            code, details = await status_of(ch, "x" * 10_000)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "larger than max" in details
+        # A client with the same limit refuses to send it at all.
+        async with channel(f"127.0.0.1:{port}", small) as ch:
+            code, _ = await status_of(ch, "x" * 10_000)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        await server.stop(0)
 
 
 async def test_unimplemented_rpc(served: tuple[GrpcServer, grpc.aio.Channel]) -> None:

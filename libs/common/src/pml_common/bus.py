@@ -42,7 +42,7 @@ from pydantic import BaseModel
 from redis.exceptions import RedisError, ResponseError
 
 from pml_common.events import Event, EventRejected, Streams, parse_event
-from pml_common.settings import Settings
+from pml_common.settings import Settings, redis_credentials
 from pml_common.telemetry import extract_trace, inject_trace
 
 E = TypeVar("E", bound=Event)
@@ -91,7 +91,9 @@ class EventBus:
     ) -> None:
         self._settings = settings
         self._service = service
-        self._redis = redis or aioredis.Redis.from_url(settings.redis_url)
+        self._redis = redis or aioredis.Redis.from_url(
+            settings.redis_url, **redis_credentials(settings)
+        )
         self._owns_redis = redis is None
         self._subscriptions: list[_Subscription] = []
         self._broker: RedisBroker | None = None
@@ -128,6 +130,7 @@ class EventBus:
             # FastStream's per-message access log would double ours; keep it at DEBUG.
             log_level=logging.DEBUG,
             graceful_timeout=10.0,
+            **redis_credentials(self._settings),
         )
         for sub in self._subscriptions:
             self._consumers.append((sub, self._register(broker, sub, reclaim=False)))

@@ -2,7 +2,8 @@
 
 `GrpcServer` adds what every service needs around its servicers: health checking (SERVING once
 started, NOT_SERVING while stopping), server reflection, OpenTelemetry server spans, message size
-limits, and error mapping. Servicers signal bad requests by raising `RequestError` (see
+limits, TLS and bearer-token authentication when the settings turn them on (`grpc_security`),
+and error mapping. Servicers signal bad requests by raising `RequestError` (see
 `invalid_argument`, `not_found`, `failed_precondition`); a store that is down (Neo4j
 ServiceUnavailable/SessionExpired, Redis ConnectionError/TimeoutError) becomes UNAVAILABLE, so
 clients can retry instead of seeing UNKNOWN. Anything else is logged and becomes INTERNAL.
@@ -23,9 +24,14 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
+from pml_common.grpc_security import server_credentials, server_interceptors
 from pml_common.settings import Settings
 
 log = structlog.get_logger("pml_common.grpc_server")
+
+#: Longest error message sent to a caller: messages quote the caller's input, which may be huge,
+#: and status details travel in a trailer of limited size.
+MAX_ERROR_MESSAGE = 2000
 
 #: Store failures a client may retry: the request was fine, a dependency was not.
 UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
@@ -68,7 +74,7 @@ def check_deadline(context: grpc.aio.ServicerContext) -> None:
 async def _abort_for(exc: Exception, context: grpc.aio.ServicerContext, method: str) -> NoReturn:
     """Turn an exception escaping a servicer into the status the caller should see."""
     if isinstance(exc, RequestError):
-        await context.abort(exc.code, exc.message)
+        await context.abort(exc.code, _shortened(exc.message))
     if isinstance(exc, UNAVAILABLE_ERRORS):
         log.warning("grpc.store_unavailable", method=method, error=f"{type(exc).__name__}: {exc}")
         await context.abort(
@@ -81,6 +87,12 @@ async def _abort_for(exc: Exception, context: grpc.aio.ServicerContext, method: 
     log.exception("grpc.handler_crashed", method=method)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})")
     raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+
+def _shortened(message: str) -> str:
+    if len(message) <= MAX_ERROR_MESSAGE:
+        return message
+    return message[: MAX_ERROR_MESSAGE - 1] + "…"
 
 
 def _guard_unary(behavior: Callable[..., Any], method: str) -> Callable[..., Awaitable[Any]]:
@@ -159,7 +171,8 @@ def message_size_options(settings: Settings) -> list[tuple[str, int]]:
 
 
 class GrpcServer:
-    """One aio gRPC server with health, reflection, tracing and error mapping."""
+    """One aio gRPC server with health, reflection, tracing, optional TLS and token
+    authentication, and error mapping."""
 
     def __init__(self, settings: Settings, port: int, service_name: str) -> None:
         self._settings = settings
@@ -167,9 +180,16 @@ class GrpcServer:
         self._service_name = service_name
         self._services: list[str] = []
         self.health = HealthServicer()
-        # Tracing outermost, so its span sees the status the error mapping produced.
+        # Read now, so a missing certificate or token stops the start-up with its reason.
+        self._credentials = server_credentials(settings)
+        # Tracing outermost, so its span sees the status authentication or the error mapping
+        # produced; authentication before the servicers (and their error mapping) run.
         self._server = grpc.aio.server(
-            interceptors=[aio_server_interceptor(), _ErrorMappingInterceptor()],  # type: ignore[no-untyped-call]
+            interceptors=[
+                aio_server_interceptor(),  # type: ignore[no-untyped-call]
+                *server_interceptors(settings),
+                _ErrorMappingInterceptor(),
+            ],
             options=message_size_options(settings),
             maximum_concurrent_rpcs=settings.grpc_workers,
         )
@@ -199,7 +219,10 @@ class GrpcServer:
             self._server,
         )
         address = f"{self._settings.grpc_host}:{self._port}"
-        port = self._server.add_insecure_port(address)
+        if self._credentials is None:
+            port = self._server.add_insecure_port(address)
+        else:
+            port = self._server.add_secure_port(address, self._credentials)
         if not port:
             raise RuntimeError(f"{self._service_name}: cannot bind gRPC server to {address}")
         await self._server.start()
@@ -214,6 +237,9 @@ class GrpcServer:
             address=address,
             port=port,
             services=self._services,
+            tls=self._credentials is not None,
+            mutual_tls=self._credentials is not None and self._settings.tls_client_auth,
+            auth=self._settings.auth_enabled,
         )
         return int(port)
 

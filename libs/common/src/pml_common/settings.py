@@ -9,29 +9,75 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlparse
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: Secret settings that can also be read from a file (a mounted Kubernetes or compose secret):
+#: secret field -> the field naming its file. A file that is set wins over the variable.
+SECRET_FILES: dict[str, str] = {
+    "redis_password": "redis_password_file",
+    "neo4j_password": "neo4j_password_file",
+    "qdrant_api_key": "qdrant_api_key_file",
+    "embedding_api_key": "embedding_api_key_file",
+    "auth_token": "auth_token_file",
+    "auth_tokens": "auth_tokens_file",
+}
+
+
+def read_secret_file(path: str, setting: str) -> str:
+    """The secret held in `path`, without the trailing newline most tools write."""
+    try:
+        value = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ValueError(f"{setting}: cannot read {path!r} ({exc.strerror or exc})") from exc
+    if not value:
+        raise ValueError(f"{setting}: {path!r} is empty")
+    return value
 
 
 class Settings(BaseSettings):
     """Configuration shared by every PML process."""
 
-    model_config = SettingsConfigDict(env_prefix="PML_", extra="ignore", frozen=True)
+    # Errors never echo the input: it holds the secrets.
+    model_config = SettingsConfigDict(
+        env_prefix="PML_", extra="ignore", frozen=True, hide_input_in_errors=True
+    )
 
     # --- stores -------------------------------------------------------------------------------
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis server URL.")
-    neo4j_uri: str = Field("bolt://127.0.0.1:7687", description="Neo4j Bolt URI.")
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis server URL (`rediss://` for TLS); keep the password out of it, in "
+        "`redis_password`.",
+    )
+    redis_username: str = Field("", description="Redis ACL user name (empty: the default user).")
+    redis_password: SecretStr | None = Field(
+        None, description="Redis password (`requirepass` or the ACL user's); unset: none."
+    )
+    redis_password_file: str = Field(
+        "", description="File holding the Redis password (a mounted secret)."
+    )
+    neo4j_uri: str = Field(
+        "bolt://127.0.0.1:7687", description="Neo4j Bolt URI (`bolt+s://`, `neo4j+s://` for TLS)."
+    )
     neo4j_user: str = Field("neo4j", description="Neo4j user name.")
     neo4j_password: SecretStr = Field(
         SecretStr(""), description="Neo4j password (empty when auth is disabled)."
+    )
+    neo4j_password_file: str = Field(
+        "", description="File holding the Neo4j password (a mounted secret)."
     )
     neo4j_database: str = Field("neo4j", description="Neo4j database name.")
     qdrant_url: str | None = Field(
         None, description="Qdrant server URL; unset means the embedded store at `qdrant_path`."
     )
     qdrant_api_key: SecretStr | None = Field(None, description="Qdrant API key, if any.")
+    qdrant_api_key_file: str = Field(
+        "", description="File holding the Qdrant API key (a mounted secret)."
+    )
     qdrant_path: str = Field(
         ".pml/qdrant", description="Folder of the embedded vector store (search service only)."
     )
@@ -48,6 +94,9 @@ class Settings(BaseSettings):
     )
     embedding_model: str = Field("bge-m3", description="Model name sent to that server.")
     embedding_api_key: SecretStr | None = Field(None, description="Bearer key for that server.")
+    embedding_api_key_file: str = Field(
+        "", description="File holding that bearer key (a mounted secret)."
+    )
     embedding_dim: int = Field(
         1024, ge=8, le=8192, description="Vector size of the OpenAI-compatible model."
     )
@@ -73,6 +122,53 @@ class Settings(BaseSettings):
         8 * 1024 * 1024, ge=1024, description="Largest gRPC message accepted or sent."
     )
     grpc_workers: int = Field(16, ge=1, description="Concurrent RPCs handled per server.")
+
+    # --- gRPC security (docs/operations.md, "Security") ---------------------------------------
+    tls_enabled: bool = Field(
+        False,
+        description="Serve gRPC over TLS and call the other services over TLS. Plaintext (the "
+        "default) suits one machine, or a network that encrypts for you.",
+    )
+    tls_cert_file: str = Field(
+        "",
+        description="PEM certificate chain this process presents: its server certificate, and "
+        "its client certificate under mutual TLS.",
+    )
+    tls_key_file: str = Field("", description="PEM private key of `tls_cert_file`.")
+    tls_ca_file: str = Field(
+        "",
+        description="PEM CA bundle: clients verify the servers' certificates with it (empty: "
+        "the system's roots); under mutual TLS, servers verify the clients' with it.",
+    )
+    tls_client_auth: bool = Field(
+        False,
+        description="Mutual TLS: servers refuse clients without a certificate signed by "
+        "`tls_ca_file`; clients present `tls_cert_file`.",
+    )
+    tls_server_name: str = Field(
+        "",
+        description="Name clients expect in the servers' certificates, when the address "
+        "names the server otherwise (an IP address, say). Empty: the address's host.",
+    )
+    auth_enabled: bool = Field(
+        False,
+        description="Servers refuse every RPC without `authorization: Bearer <token>` naming "
+        "an accepted token (UNAUTHENTICATED); gRPC health and reflection stay open to probes.",
+    )
+    auth_token: SecretStr | None = Field(
+        None,
+        description="Bearer token this process sends to the other services (the `pml` command "
+        "too); servers accept it as well. At least 16 characters.",
+    )
+    auth_token_file: str = Field("", description="File holding `auth_token` (a mounted secret).")
+    auth_tokens: SecretStr | None = Field(
+        None,
+        description="More tokens the servers accept (other callers, or the next token during "
+        "a rotation), separated by commas or whitespace.",
+    )
+    auth_tokens_file: str = Field(
+        "", description="File holding `auth_tokens`, one or more per line (a mounted secret)."
+    )
 
     # --- events -------------------------------------------------------------------------------
     consumer_name: str = Field(
@@ -165,3 +261,85 @@ class Settings(BaseSettings):
         None, description="OTLP gRPC endpoint of the collector; unset disables export."
     )
     otel_sample_ratio: float = Field(1.0, ge=0, le=1, description="Share of traces sampled.")
+
+    # --- knowledge ingestion (seed 001 §4) ------------------------------------------------------
+    ingest_worker_port: int = Field(
+        50060,
+        description="Port of the gRPC health service (`pml.v1.IngestWorker`) of an ingestion "
+        "pass worker (`python -m pml_ingest.worker <pass>`).",
+    )
+    ingest_max_document_chars: int = Field(
+        1_000_000, ge=1, le=5_000_000, description="Longest document text Submit accepts."
+    )
+    ingest_max_documents: int = Field(
+        1000, ge=1, description="Most documents one Submit request may carry."
+    )
+    ingest_chunk_chars: int = Field(
+        1200, ge=100, description="Longest chunk the chunker makes inside a section."
+    )
+    ingest_write_batch: int = Field(
+        500, ge=1, description="Rows written per Neo4j transaction by the pass workers."
+    )
+    ingest_pause_after_first_write_s: float = Field(
+        0.0,
+        ge=0,
+        description="Test only: a pass worker sleeps this long after the first write batch of "
+        "each document (to kill it deterministically mid-document). 0 in production.",
+    )
+    covers_min_salience: float = Field(
+        0.3, ge=0, le=1, description="Salience from which a topic COVERS a concept (Pass 2a)."
+    )
+    pass3_min_sections: int = Field(
+        2, ge=1, description="Sections two concepts must share to be a Pass 3 candidate."
+    )
+    pass3_max_candidates: int = Field(
+        300, ge=1, description="Candidate pairs Pass 3 verifies per document at most."
+    )
+    pass3_verifier: Literal["rules", "llm"] = Field(
+        "rules",
+        description="`rules`: the deterministic verifier (a sentence naming both concepts with "
+        "a relation cue). `llm`: an OpenAI-compatible chat endpoint proposes, and a proposal "
+        "stands only if its quote is found in the section text.",
+    )
+    llm_verifier_url: str = Field(
+        "http://127.0.0.1:8081/v1", description="Base URL of the OpenAI-compatible chat server."
+    )
+    llm_verifier_model: str = Field("verifier", description="Model name sent to that server.")
+    llm_verifier_api_key: SecretStr | None = Field(
+        None, description="Bearer key for that server, if any."
+    )
+    llm_verifier_timeout_s: float = Field(
+        30.0, gt=0, description="Timeout of one verification request."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets_from_files(cls, data: Any) -> Any:
+        """Fill each secret whose `*_file` setting names a file from that file."""
+        if not isinstance(data, dict):
+            return data
+        filled = dict(data)
+        for secret, file_setting in SECRET_FILES.items():
+            path = filled.get(file_setting)
+            if path:
+                filled[secret] = read_secret_file(str(path), file_setting)
+        return filled
+
+    @model_validator(mode="after")
+    def _one_redis_password(self) -> Settings:
+        # redis-py takes the URL's password over a given one, FastStream the other way round:
+        # with both set, the bus and the stores could log in differently.
+        if self.redis_password is not None and urlparse(self.redis_url).password:
+            raise ValueError("give the Redis password in redis_password or redis_url, not both")
+        return self
+
+
+def redis_credentials(settings: Settings) -> dict[str, Any]:
+    """`username`/`password` keyword arguments for Redis clients: only those that are set, so a
+    server without auth is reached as before. Every Redis client of PML logs in with these."""
+    credentials: dict[str, Any] = {}
+    if settings.redis_username:
+        credentials["username"] = settings.redis_username
+    if settings.redis_password is not None:
+        credentials["password"] = settings.redis_password.get_secret_value()
+    return credentials

@@ -18,7 +18,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from pml_common.settings import Settings
+from pml_common.settings import Settings, redis_credentials
 
 # Redis: a dropped connection (server restart, idle timeout by a proxy) is retried a few times
 # with a short backoff, which reconnects transparently; a server that stays down fails the call
@@ -62,6 +62,7 @@ def redis_client(settings: Settings, *, socket_timeout: float | None = 5.0) -> r
         socket_keepalive=True,
         retry=retry,
         retry_on_error=[RedisConnectionError, RedisTimeoutError, ConnectionError, OSError],
+        **redis_credentials(settings),
     )
 
 

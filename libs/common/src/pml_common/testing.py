@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -144,9 +144,15 @@ class ServiceProcess:
 
 @contextlib.contextmanager
 def service_process(
-    module: str, port_variable: str, env: Mapping[str, str], log: Path, within_s: float = 120.0
+    module: str,
+    port_variable: str,
+    env: Mapping[str, str],
+    log: Path,
+    within_s: float = 120.0,
+    settings: Settings | None = None,
 ) -> Iterator[ServiceProcess]:
-    """`python -m module` on a free port, yielded once its gRPC health answers SERVING.
+    """`python -m module` on a free port, yielded once its gRPC health answers SERVING (asked
+    over TLS when `settings` enable it, as `env` should then do for the process).
 
     The test decides how the process ends (to check a graceful stop, say); one still running
     when the block exits is killed.
@@ -163,7 +169,7 @@ def service_process(
     running = ServiceProcess(proc, f"127.0.0.1:{port}", log)
     try:
         deadline = time.monotonic() + within_s
-        while not check(running.address, timeout=1.0):
+        while not check(running.address, timeout=1.0, settings=settings):
             assert proc.poll() is None, f"{module} exited:\n{running.log_tail()}"
             assert time.monotonic() < deadline, f"{module} never became SERVING"
             time.sleep(0.2)
@@ -172,3 +178,113 @@ def service_process(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files of a throwaway PKI: a CA, a server and a client certificate it signed, and a
+    second CA that signed nothing PML trusts (for certificates that must be refused)."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+    other_ca: Path
+    other_cert: Path
+    other_key: Path
+
+
+def make_tls_files(folder: Path, hosts: Sequence[str] = ("localhost", "127.0.0.1")) -> TlsFiles:
+    """Write a throwaway CA and certificates into `folder`; the server's names `hosts`.
+
+    Needs the `cryptography` package (a development dependency).
+    """
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+
+    def name(common_name: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+    def write(stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> Path:
+        (folder / f"{stem}.key").write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        path = folder / f"{stem}.pem"
+        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        return path
+
+    def authority(common_name: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name(common_name))
+            .issuer_name(name(common_name))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .sign(key, hashes.SHA256())
+        )
+        return cert, key
+
+    def leaf(
+        common_name: str,
+        issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey],
+        usage: x509.ObjectIdentifier,
+    ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        names: list[x509.GeneralName] = []
+        for host in hosts:
+            try:
+                names.append(x509.IPAddress(ipaddress.ip_address(host)))
+            except ValueError:
+                names.append(x509.DNSName(host))
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name(common_name))
+            .issuer_name(issuer[0].subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .sign(issuer[1], hashes.SHA256())
+        )
+        return cert, key
+
+    ca = authority("pml test CA")
+    other = authority("some other CA")
+    server = leaf("pml server", ca, ExtendedKeyUsageOID.SERVER_AUTH)
+    client = leaf("pml client", ca, ExtendedKeyUsageOID.CLIENT_AUTH)
+    stranger = leaf("stranger", other, ExtendedKeyUsageOID.CLIENT_AUTH)
+    return TlsFiles(
+        ca=write("ca", *ca),
+        server_cert=write("server", *server),
+        server_key=folder / "server.key",
+        client_cert=write("client", *client),
+        client_key=folder / "client.key",
+        other_ca=write("other-ca", *other),
+        other_cert=write("stranger", *stranger),
+        other_key=folder / "stranger.key",
+    )
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
+    """One throwaway PKI for the session (see `make_tls_files`)."""
+    return make_tls_files(tmp_path_factory.mktemp("tls"))
