@@ -73,19 +73,22 @@ def test_edge_f1_empty_cases() -> None:
 def test_plan_metrics_means() -> None:
     metrics = PlanMetrics(tool_ids=TOOLS)
     # query 1: a → b; predictions for [] → a, [a] → b
-    metrics.add_next(["a", "x"], "a")  # hit@1
-    metrics.add_next(["x", "c", "b"], "b")  # hit@3 only
+    metrics.add_next(["a", "x"], "a", 0)  # hit@1
+    metrics.add_next(["x", "c", "b"], "b", 1)  # hit@3 only
     metrics.add_dag(["a", "b"], [("a", "b")], ["a", "b"], ["a", "b"])
     # query 2: c → d → a; the planner has nothing
     for context, expected in next_step_cases(["c", "d", "a"]):
         assert len(context) < 3
-        metrics.add_next([], expected)
+        metrics.add_next([], expected, len(context))
     metrics.add_dag([], [], [], ["c", "d", "a"])
     result = metrics.result()
     assert result["predictions"] == 5
     assert result["queries"] == 2
     assert result["next_hit@1"] == pytest.approx(1 / 5)
     assert result["next_hit@3"] == pytest.approx(2 / 5)
+    assert result["next_hit@1_first"] == pytest.approx(1 / 2)  # query 1 hit, query 2 missed
+    assert result["next_hit@1_later"] == pytest.approx(0 / 3)
+    assert result["first_predictions"] == 2
     assert result["node_f1"] == pytest.approx(0.5)
     assert result["edge_f1"] == pytest.approx(0.5)
 
@@ -95,6 +98,9 @@ def test_plan_metrics_without_anything() -> None:
     assert result == {
         "next_hit@1": 0.0,
         "next_hit@3": 0.0,
+        "next_hit@1_first": 0.0,
+        "next_hit@1_later": 0.0,
+        "first_predictions": 0,
         "node_f1": 0.0,
         "edge_f1": 0.0,
         "queries": 0,

@@ -46,8 +46,8 @@ RPC_TIMEOUT_S = 60.0
 IN_FLIGHT = 4
 
 T = TypeVar("T")
-#: A next-step case as asked: the expected tool and the planner's reply.
-_Next = tuple[str, planner_pb2.PredictNextResponse]
+#: A next-step case as asked: the context size, the expected tool and the planner's reply.
+_Next = tuple[int, str, planner_pb2.PredictNextResponse]
 
 
 class PlannerStub(Protocol):
@@ -167,7 +167,9 @@ def run_plans(
     def ask(query: ToolQuery) -> tuple[list[str], list[_Next], planner_pb2.SuggestDagResponse]:
         """The query's steps, (expected, reply) per next-step case, and its DAG."""
         steps = steps_of(query)
-        nexts = [(want, next_step(query.query, ctx)) for ctx, want in next_step_cases(steps)]
+        nexts = [
+            (len(ctx), want, next_step(query.query, ctx)) for ctx, want in next_step_cases(steps)
+        ]
         request = planner_pb2.SuggestDagRequest(tenant_id=tenant, intent=query.query, method=method)
         dag = _retrying(partial(stub.SuggestDag, request, timeout=RPC_TIMEOUT_S))
         return steps, nexts, dag
@@ -179,8 +181,8 @@ def run_plans(
     ):
         task = progress.add_task(f"{label}: {method} plans", total=len(queries))
         for steps, nexts, dag in pool.map(ask, queries):
-            for expected, reply in nexts:
-                metrics.add_next(candidates_of(reply), expected)
+            for context_size, expected, reply in nexts:
+                metrics.add_next(candidates_of(reply), expected, context_size)
                 accepted["next"] += int(reply.accepted)
             metrics.add_dag(
                 dag.nodes, [(e.source, e.target) for e in dag.edges], list(dag.order), steps

@@ -18,6 +18,9 @@ order). The metrics, exactly:
   has no such tool→tool edge, the prediction is instead the consecutive pairs of its
   topological `order` after keeping only its tool nodes (o_1, o_2), (o_2, o_3), ….
   Mean over queries.
+- `next_hit@1_first` / `next_hit@1_later` — next_hit@1 split by context: the i = 0 predictions
+  (from the intent alone) and the i ≥ 1 ones (with the steps already run); `first_predictions`
+  counts the former. Methods that read the context (legacy, discovery) differ most in the latter.
 - `queries` — how many queries contributed a DAG (each contributes one node_f1 and one
   edge_f1 value).
 
@@ -99,14 +102,19 @@ class PlanMetrics:
     tool_ids: Collection[str] | None = None
     hits: dict[int, float] = field(default_factory=lambda: dict.fromkeys(HIT_KS, 0.0))
     predictions: int = 0
+    first_hits: float = 0.0
+    first_predictions: int = 0
     node_sum: float = 0.0
     edge_sum: float = 0.0
     queries: int = 0
 
-    def add_next(self, candidates: Sequence[str], expected: str) -> None:
+    def add_next(self, candidates: Sequence[str], expected: str, context_size: int) -> None:
         for k in self.hits:
             self.hits[k] += hit_at(candidates, expected, k)
         self.predictions += 1
+        if context_size == 0:
+            self.first_hits += hit_at(candidates, expected, 1)
+            self.first_predictions += 1
 
     def add_dag(
         self,
@@ -126,6 +134,10 @@ class PlanMetrics:
         out: dict[str, float | int] = {
             f"next_hit@{k}": mean(total, self.predictions) for k, total in self.hits.items()
         }
+        later = self.predictions - self.first_predictions
+        out["next_hit@1_first"] = mean(self.first_hits, self.first_predictions)
+        out["next_hit@1_later"] = mean(self.hits[1] - self.first_hits, later)
+        out["first_predictions"] = self.first_predictions
         out["node_f1"] = mean(self.node_sum, self.queries)
         out["edge_f1"] = mean(self.edge_sum, self.queries)
         out["queries"] = self.queries
