@@ -368,6 +368,21 @@ def bench_planner(
     _emit(result, as_json)
 
 
+@bench_app.command("bus")
+def bench_bus(
+    events: Annotated[int, typer.Option(min=1, help="Distinct events published.")] = 100_000,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Events/s through a consumer group: the project's bus against raw redis-py, same run."""
+    from pml_cli.bench_bus import bench_bus as run_bench
+
+    try:
+        result = run_bench(events, err)
+    except LocalRuntimeError as exc:
+        fail(str(exc))
+    _emit(result, as_json)
+
+
 @config_app.command("docs")
 def config_docs() -> None:
     """Print the configuration reference (Markdown) generated from the settings module."""

@@ -56,6 +56,7 @@ _BATCH = 16
 _WATCHDOG_INTERVAL_S = 0.5
 
 log = structlog.get_logger("pml_common.bus")
+_faststream_log = logging.getLogger("pml_common.bus.faststream")
 _tracer = trace.get_tracer("pml_common.bus")
 
 
@@ -129,6 +130,9 @@ class EventBus:
             self._settings.redis_url,
             # FastStream's per-message access log would double ours; keep it at DEBUG.
             log_level=logging.DEBUG,
+            # Through the process's logging (stderr, rendered like every PML log): FastStream's
+            # default logger writes to stdout, where the `pml` command prints its results.
+            logger=_faststream_log,
             graceful_timeout=10.0,
             **redis_credentials(self._settings),
         )

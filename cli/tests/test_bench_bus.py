@@ -1,0 +1,39 @@
+import json
+
+from typer.testing import CliRunner
+
+from pml_cli.main import app
+
+KEYS = {
+    "events",
+    "entries",
+    "duplicate_entries",
+    "events_per_s",
+    "raw_events_per_s",
+    "ratio",
+    "bus_s",
+    "raw_s",
+    "handled",
+    "handled_more_than_once",
+    "not_handled",
+}
+
+
+def test_bench_bus_handles_every_event_exactly_once_and_prints_json() -> None:
+    result = CliRunner().invoke(app, ["bench", "bus", "--events", "300", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report.keys() == KEYS
+    # 300 events, three of them published twice with the same id: the bus runs each handler once
+    assert (report["events"], report["entries"], report["duplicate_entries"]) == (300, 303, 3)
+    assert report["handled"] == 300
+    assert report["handled_more_than_once"] == 0 and report["not_handled"] == 0
+    assert report["events_per_s"] > 0 and report["raw_events_per_s"] > 0
+    ratio = report["events_per_s"] / report["raw_events_per_s"]
+    assert abs(report["ratio"] - ratio) < 0.01
+
+
+def test_bench_bus_refuses_a_count_below_one() -> None:
+    result = CliRunner().invoke(app, ["bench", "bus", "--events", "0"])
+    assert result.exit_code == 2
+    assert "--events" in result.output
