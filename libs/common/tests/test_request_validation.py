@@ -27,6 +27,15 @@ def test_tenant_is_stripped_and_blank_means_the_default() -> None:
     assert message_of(info.value) == f"tenant_id is longer than {MAX_TEXT} characters"
 
 
+def test_tenant_is_any_exact_text_but_control_characters() -> None:
+    for odd in ("x'}) MATCH (n) DETACH DELETE n //", "$tenant", "`a`", "ａcme", "a\u200bb"):
+        assert tenant_of(odd, SETTINGS) == odd
+    for bad in ("a\x00b", "a\nb", "a\x1bb"):
+        with pytest.raises(RequestError) as info:
+            tenant_of(bad, SETTINGS)
+        assert message_of(info.value) == "tenant_id must not hold control characters"
+
+
 def test_text_is_stripped_not_blank_and_bounded_with_the_field_named() -> None:
     assert text_of("  read a file ", SETTINGS, "query") == "read a file"
     with pytest.raises(RequestError) as info:

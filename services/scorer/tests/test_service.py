@@ -281,7 +281,8 @@ async def test_bad_input_is_invalid_argument_with_a_message(
             f"top_k must be between 1 and {settings.max_limit}",
         ),
         (score(scorer_pb2.ScoreRequest(text="x", top_k=-1)), "top_k must be between"),
-        (score(scorer_pb2.ScoreRequest(text="x", level=-1)), "level must be 0 or more"),
+        (score(scorer_pb2.ScoreRequest(text="x", level=-1)), "level must be between 0 and 100"),
+        (score(scorer_pb2.ScoreRequest(text="x", level=101)), "level must be between 0 and 100"),
         (
             stub.ScoreTools(scorer_pb2.ScoreRequest(text="x", level=0)),
             "level applies to capabilities only",

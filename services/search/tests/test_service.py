@@ -299,6 +299,8 @@ async def test_search_tools_with_context_uses_graph(
         ({"query": "read", "limit": -1}, "limit"),
         ({"query": "read", "limit": 101}, "limit"),
         ({"query": "read", "kinds": [7]}, "kinds"),
+        ({"query": "read", "kinds": [1, 2, 1]}, "kinds holds 3 values; at most 2"),
+        ({"tenant_id": "a\nb", "query": "read"}, "control characters"),
         ({"query": "read", "min_semantic_score": 1.5}, "min_semantic_score"),
     ],
 )
@@ -306,7 +308,7 @@ async def test_search_rejects_bad_input(
     stub: search_pb2_grpc.SearchServiceStub, tenant: str, fields: dict[str, Any], fragment: str
 ) -> None:
     code, details = await status_of(
-        stub.Search(search_pb2.SearchRequest(tenant_id=tenant, **fields), timeout=30)
+        stub.Search(search_pb2.SearchRequest(**{"tenant_id": tenant, **fields}), timeout=30)
     )
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert fragment in details
@@ -350,6 +352,15 @@ async def test_search_tools_unknown_context_is_not_found_naming_ids(
         (common_pb2.Tool(id="fs:x", server="other", name="x"), "does not match"),
         (common_pb2.Tool(id="fs:y", name="y", input_schema_json="[1"), "input_schema_json"),
         (common_pb2.Tool(id="filesystem:read_file", name="dup"), "more than once"),
+        (common_pb2.Tool(id="fs:" + "x" * 600, name="x"), "at most 512 characters"),
+        (
+            common_pb2.Tool(id="fs:z", name="z", input_schema_json='{"a":' * 200_000),
+            "input_schema_json is longer than 100000",
+        ),
+        (
+            common_pb2.Tool(id="fs:z", name="z", input_schema_json="[" * 90_000),
+            "nested too deeply",
+        ),
     ],
 )
 async def test_bad_tool_batch_is_rejected_and_stores_nothing(
@@ -393,9 +404,53 @@ async def test_register_and_get_node_errors(
     assert "fs:nothing" in details
     code, _ = await status_of(stub.GetNode(search_pb2.GetNodeRequest(tenant_id=tenant, id="")))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
+    code, details = await status_of(
+        stub.GetNode(search_pb2.GetNodeRequest(tenant_id=tenant, id="fs:" + "x" * 600))
+    )
+    assert (code, details) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "id is longer than 512 characters",
+    )
     code, details = await status_of(stub.DeleteTenant(search_pb2.DeleteTenantRequest()))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert "tenant_id" in details
+
+
+@pytest.mark.parametrize(
+    ("capability", "fragment"),
+    [
+        (
+            common_pb2.Capability(id="c", name="c", tools=[f"fs:t{i}" for i in range(1001)]),
+            "at most 1000 tools and 1000 capabilities",
+        ),
+        (
+            common_pb2.Capability(id="c", name="c", capabilities=[f"k{i}" for i in range(1001)]),
+            "at most 1000 tools and 1000 capabilities",
+        ),
+        (
+            common_pb2.Capability(id="c", name="c", capabilities=["k" * 513]),
+            "capabilities must hold ids of 1 to 512 characters",
+        ),
+        (
+            common_pb2.Capability(id="c", name="c", tools=["fs:" + "t" * 600]),
+            "tools must be tool ids",
+        ),
+    ],
+)
+async def test_capability_fan_out_and_id_lengths_are_bounded(
+    stub: search_pb2_grpc.SearchServiceStub,
+    tenant: str,
+    capability: common_pb2.Capability,
+    fragment: str,
+) -> None:
+    code, details = await status_of(
+        stub.RegisterCapabilities(
+            search_pb2.RegisterCapabilitiesRequest(tenant_id=tenant, capabilities=[capability])
+        )
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert fragment in details
+    assert len(details) < 2000  # the huge ids are quoted by their start only
 
 
 async def test_tenant_isolation_default_tenant_and_delete(

@@ -106,6 +106,7 @@ class ExecutionStep(BaseModel):
     error: str | None = Field(None, max_length=4000)
     depends_on: list[NonEmpty] = Field(
         default_factory=list,
+        max_length=1000,
         description="Node ids of earlier steps whose output this step used (dependency edges).",
     )
 
@@ -131,7 +132,9 @@ class ExecutionCompleted(Event):
     intent: str = Field(min_length=1, max_length=4000)
     steps: list[ExecutionStep] = Field(min_length=1, max_length=1000)
     outcome: Literal["success", "failure", "partial"]
-    capability_id: str | None = Field(None, description="Capability the run executed, if any.")
+    capability_id: str | None = Field(
+        None, max_length=512, description="Capability the run executed, if any."
+    )
 
 
 class GraphChanged(Event):

@@ -8,6 +8,8 @@ is wrong. Rules of one service's own fields stay in that service's `validation` 
 
 from __future__ import annotations
 
+import re
+
 from pml_common.grpc_server import invalid_argument
 from pml_common.settings import Settings
 
@@ -15,13 +17,21 @@ from pml_common.settings import Settings
 MAX_TEXT = 512
 #: How many results a count of 0 (the proto default) asks for, capped by `max_limit`.
 DEFAULT_LIMIT = 10
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def tenant_of(tenant_id: str, settings: Settings) -> str:
-    """The tenant a request names; blank means the default tenant."""
+    """The tenant a request names; blank means the default tenant.
+
+    Any other text is a tenant of its own, matched exactly (stores only ever receive it as a
+    query parameter or a payload value), except control characters, which have no business in
+    an id and would garble the logs that quote it.
+    """
     tenant = tenant_id.strip()
     if len(tenant) > MAX_TEXT:
         raise invalid_argument(f"tenant_id is longer than {MAX_TEXT} characters")
+    if _CONTROL.search(tenant):
+        raise invalid_argument("tenant_id must not hold control characters")
     return tenant or settings.default_tenant
 
 

@@ -20,6 +20,8 @@ from pml_common.settings import Settings
 
 #: Longest path PredictPathSuccess scores (an execution has at most 1000 steps).
 MAX_PATH = 1000
+#: Deepest capability level a request may name (real hierarchies have a handful).
+MAX_LEVEL = 100
 
 
 def embedding_of(values: Sequence[float], dim: int) -> NDArray[np.float32]:
@@ -51,8 +53,8 @@ def level_of(request: scorer_pb2.ScoreRequest) -> int | None:
     """The capability level to keep, or None for all levels."""
     if not request.HasField("level"):
         return None
-    if request.level < 0:
-        raise invalid_argument(f"level must be 0 or more; got {request.level}")
+    if not 0 <= request.level <= MAX_LEVEL:
+        raise invalid_argument(f"level must be between 0 and {MAX_LEVEL}; got {request.level}")
     return request.level
 
 

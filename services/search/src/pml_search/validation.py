@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
+
+from pydantic import ValidationError
 
 from pml.v1 import common_pb2, search_pb2
 from pml_common.events import TOOL_ID_PATTERN, CapabilitySpec, ToolSpec
@@ -22,6 +24,10 @@ from pml_search.catalog_index import CAPABILITY, TOOL, CatalogEntry
 
 MAX_DESCRIPTION = 20_000
 MAX_BATCH = 50_000
+#: Longest `input_schema_json` of a tool (JSON Schemas of real MCP tools are a few kB).
+MAX_SCHEMA_CHARS = 100_000
+#: Most tools, and most sub-capabilities, one capability may name (as `CapabilitySpec` allows).
+MAX_MEMBERS = 1000
 _TOOL_ID = re.compile(TOOL_ID_PATTERN)
 
 KIND_OF_ENUM: dict[int, str] = {
@@ -42,7 +48,11 @@ def query_of(query: str, settings: Settings) -> str:
     return text_of(query, settings, "query")
 
 
-def kinds_of(kinds: Iterable[int]) -> list[str]:
+def kinds_of(kinds: Sequence[int]) -> list[str]:
+    if len(kinds) > len(KIND_OF_ENUM):
+        raise invalid_argument(
+            f"kinds holds {len(kinds)} values; at most {len(KIND_OF_ENUM)} (TOOL, CAPABILITY)"
+        )
     values = list(kinds)
     if not values:
         return [TOOL, CAPABILITY]
@@ -63,6 +73,8 @@ def node_id_of(node_id: str) -> str:
     value = node_id.strip()
     if not value:
         raise invalid_argument("id must not be empty")
+    if len(value) > MAX_TEXT:
+        raise invalid_argument(f"id is longer than {MAX_TEXT} characters")
     return value
 
 
@@ -71,10 +83,11 @@ def context_tools_of(ids: Sequence[str], settings: Settings) -> list[str]:
         raise invalid_argument(
             f"context_tools holds {len(ids)} ids; the maximum is {settings.max_limit}"
         )
-    bad = [i for i in ids if not _TOOL_ID.match(i)]
+    bad = [i for i in ids if not _is_tool_id(i)]
     if bad:
         raise invalid_argument(
-            f"context_tools must be tool ids '<server>:<tool>'; invalid: {_names(bad)}"
+            f"context_tools must be tool ids '<server>:<tool>' (at most {MAX_TEXT} characters); "
+            f"invalid: {_names(bad)}"
         )
     return list(dict.fromkeys(ids))
 
@@ -106,11 +119,15 @@ def _validated_batch(
     seen: set[str] = set()
     for n, item in enumerate(items):
         problem = problem_of(item, seen)
+        if not problem:
+            try:
+                specs.append(spec_of(item))
+            except ValidationError as exc:  # a rule of the event schema not mirrored above
+                problem = "; ".join(e["msg"] for e in exc.errors(include_input=False))
         if problem:
-            problems.append(f"{field}[{n}] ({item.id or '<no id>'}): {problem}")
+            problems.append(f"{field}[{n}] ({_short(item.id) or '<no id>'}): {problem}")
             continue
         seen.add(item.id)
-        specs.append(spec_of(item))
     _raise_problems(problems)
     return specs
 
@@ -159,8 +176,8 @@ def capability_entry(tenant: str, spec: CapabilitySpec) -> CatalogEntry:
 
 
 def _tool_problem(tool: common_pb2.Tool, seen: set[str]) -> str | None:
-    if not _TOOL_ID.match(tool.id) or len(tool.id) > MAX_TEXT:
-        return "id must be '<server>:<tool>' without spaces (at most 512 characters)"
+    if not _is_tool_id(tool.id):
+        return f"id must be '<server>:<tool>' without spaces (at most {MAX_TEXT} characters)"
     if tool.id in seen:
         return "id appears more than once in the batch"
     server = tool.id.split(":", 1)[0]
@@ -172,11 +189,15 @@ def _tool_problem(tool: common_pb2.Tool, seen: set[str]) -> str | None:
         return f"name is longer than {MAX_TEXT} characters"
     if len(tool.description) > MAX_DESCRIPTION:
         return f"description is longer than {MAX_DESCRIPTION} characters"
+    if len(tool.input_schema_json) > MAX_SCHEMA_CHARS:
+        return f"input_schema_json is longer than {MAX_SCHEMA_CHARS} characters"
     if tool.input_schema_json:
         try:
             _schema_of(tool.input_schema_json)
         except ValueError as exc:
             return f"input_schema_json is not a JSON object: {exc}"
+        except RecursionError:
+            return "input_schema_json is nested too deeply"
     return None
 
 
@@ -191,11 +212,13 @@ def _capability_problem(cap: common_pb2.Capability, seen: set[str]) -> str | Non
         return f"name is longer than {MAX_TEXT} characters"
     if len(cap.description) > MAX_DESCRIPTION:
         return f"description is longer than {MAX_DESCRIPTION} characters"
-    bad_tools = [t for t in cap.tools if not _TOOL_ID.match(t)]
+    if len(cap.tools) > MAX_MEMBERS or len(cap.capabilities) > MAX_MEMBERS:
+        return f"a capability names at most {MAX_MEMBERS} tools and {MAX_MEMBERS} capabilities"
+    bad_tools = [t for t in cap.tools if not _is_tool_id(t)]
     if bad_tools:
         return f"tools must be tool ids '<server>:<tool>'; invalid: {_names(bad_tools)}"
-    if any(not c.strip() for c in cap.capabilities):
-        return "capabilities must not hold empty ids"
+    if any(not c.strip() or len(c) > MAX_TEXT for c in cap.capabilities):
+        return f"capabilities must hold ids of 1 to {MAX_TEXT} characters"
     if cap.id in cap.capabilities:
         return "a capability cannot contain itself"
     return None
@@ -226,5 +249,15 @@ def _raise_problems(problems: list[str]) -> None:
     raise invalid_argument(f"nothing was registered: {shown}{suffix}")
 
 
+def _is_tool_id(value: str) -> bool:
+    return len(value) <= MAX_TEXT and _TOOL_ID.match(value) is not None
+
+
+def _short(value: str, chars: int = 80) -> str:
+    """`value` as quoted in a message: whole when short, else its start (inputs may be huge)."""
+    return value if len(value) <= chars else value[:chars] + "…"
+
+
 def _names(values: Sequence[str]) -> str:
-    return ", ".join(repr(v) for v in values[:10]) + (" ..." if len(values) > 10 else "")
+    shown = ", ".join(repr(_short(v)) for v in values[:10])
+    return shown + (" ..." if len(values) > 10 else "")
