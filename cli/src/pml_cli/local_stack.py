@@ -8,9 +8,11 @@ Every child runs in its own process group and is stopped with it, so nothing is 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -167,6 +169,7 @@ def running_system(
     if all(_reachable(address, settings) for address in addresses):
         yield settings
         return
+    interrupt_on_signals()
     with tempfile.TemporaryDirectory(prefix="pml-eval-") as tmp:
         stack = LocalStack.on_free_ports(Path(tmp))
         try:
@@ -176,6 +179,19 @@ def running_system(
             yield stack.settings
         finally:
             stack.stop()
+
+
+def interrupt_on_signals() -> None:
+    """SIGINT and SIGTERM raise KeyboardInterrupt, so the `finally` that stops a private system
+    runs whatever ended the command (a kill, a CI timeout, Ctrl-C). Explicit for SIGINT too, as
+    a shell may start background jobs with SIGINT ignored. Main thread only (Python's rule)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _interrupt)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _reachable(address: str, settings: Settings) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from pml_cli import client
 from pml_cli.catalog_files import CatalogFileError, load_catalog
 from pml_cli.eval_tools import EvalError
 from pml_cli.execution_files import ExecutionFileError, load_executions
-from pml_cli.local_stack import LocalStack
+from pml_cli.local_stack import LocalStack, interrupt_on_signals
 from pml_common.local_runtime import LocalRuntimeError
 from pml_common.settings import Settings
 
@@ -99,9 +98,7 @@ def run(
     if "PML_QDRANT_PATH" not in os.environ:  # the vector store lives with the other state
         settings = settings.model_copy(update={"qdrant_path": str(state_dir / "qdrant")})
     stack = LocalStack(state_dir, settings)
-    # Explicitly, as a shell may start background jobs with SIGINT ignored.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _interrupt)
+    interrupt_on_signals()
     try:
         with err.status("starting Redis and Neo4j…"):
             stack.start_stores()
@@ -122,10 +119,6 @@ def run(
         err.print("stopping…")
     finally:
         stack.stop()
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def _print_welcome(settings: Settings, stack: LocalStack) -> None:
