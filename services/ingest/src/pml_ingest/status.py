@@ -1,0 +1,125 @@
+"""Per-document, per-pass ingestion status, kept in Redis by the ingest service and workers.
+
+One hash per document, `pml:ingest:status:{tenant}:{document_id}`, with `content_hash`,
+`title` and, for each pass, `<pass>:state` (pending, running, done, failed), `<pass>:updated_at`
+and `<pass>:error`; the set `pml:ingest:documents:{tenant}` lists a tenant's documents. A pass
+only records states for the content hash the document currently has, so a late event about an
+older version never overwrites the status of the newer one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from pml_common.events import utcnow
+
+PASSES = ("chunking", "pass1", "pass2a", "pass2b", "pass3")
+PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+
+# Writes a pass state only if the document's content hash is the one the pass worked on.
+_SET_IF_CURRENT = """
+if redis.call('HGET', KEYS[1], 'content_hash') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[2] .. ':state', ARGV[3], ARGV[2] .. ':updated_at', ARGV[4],
+           ARGV[2] .. ':error', ARGV[5])
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class PassState:
+    name: str
+    state: str
+    updated_at: str
+    error: str
+
+
+@dataclass(frozen=True)
+class DocumentStatus:
+    document_id: str
+    content_hash: str
+    title: str
+    passes: tuple[PassState, ...]
+
+    @property
+    def done(self) -> bool:
+        return all(p.state == DONE for p in self.passes)
+
+
+def _key(tenant: str, doc: str) -> str:
+    return f"pml:ingest:status:{tenant}:{doc}"
+
+
+def _index(tenant: str) -> str:
+    return f"pml:ingest:documents:{tenant}"
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class StatusStore:
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._set_if_current = redis.register_script(_SET_IF_CURRENT)
+
+    async def submitted(self, tenant: str, doc: str, content_hash: str, title: str) -> None:
+        """A new version is on its way: every pass pending."""
+        at = utcnow().isoformat()
+        fields: dict[str, str] = {"content_hash": content_hash, "title": title}
+        for name in PASSES:
+            fields.update({f"{name}:state": PENDING, f"{name}:updated_at": at, f"{name}:error": ""})
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(_key(tenant, doc), mapping=fields)  # type: ignore[arg-type]
+            pipe.sadd(_index(tenant), doc)
+            await pipe.execute()
+
+    async def ensure(self, tenant: str, doc: str, content_hash: str, title: str) -> None:
+        """Record a document a worker meets that Submit did not announce (an event published
+        straight on the stream), so its passes are visible too."""
+        current = await self._redis.hget(_key(tenant, doc), "content_hash")
+        if _text(current) != content_hash:
+            await self.submitted(tenant, doc, content_hash, title)
+
+    async def mark(
+        self, tenant: str, doc: str, content_hash: str, name: str, state: str, error: str = ""
+    ) -> bool:
+        """Set one pass's state for this content; False when the document moved on."""
+        at = utcnow().isoformat()
+        result = await self._set_if_current(
+            keys=[_key(tenant, doc)], args=[content_hash, name, state, at, error[:2000]]
+        )
+        return bool(result)
+
+    async def get(self, tenant: str, doc: str) -> DocumentStatus | None:
+        data = await self._redis.hgetall(_key(tenant, doc))
+        if not data:
+            return None
+        fields = {_text(k): _text(v) for k, v in data.items()}
+        passes = tuple(
+            PassState(
+                name,
+                fields.get(f"{name}:state", PENDING),
+                fields.get(f"{name}:updated_at", ""),
+                fields.get(f"{name}:error", ""),
+            )
+            for name in PASSES
+        )
+        return DocumentStatus(doc, fields.get("content_hash", ""), fields.get("title", ""), passes)
+
+    async def documents(self, tenant: str) -> list[str]:
+        members = await self._redis.smembers(_index(tenant))
+        return sorted(_text(m) for m in members)
+
+    async def many(self, tenant: str, docs: Sequence[str]) -> list[DocumentStatus | None]:
+        return [await self.get(tenant, doc) for doc in docs]
+
+    async def forget(self, tenant: str, doc: str) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(_key(tenant, doc))
+            pipe.srem(_index(tenant), doc)
+            await pipe.execute()

@@ -1,0 +1,73 @@
+"""Chunks from ChunksExtracted in the embedded vector store: replace, idempotence, deletion,
+tenant isolation, and search filtered by context id."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from pml_common.context_id import make_context_id
+from pml_common.embedding import build_embedder
+from pml_common.events import ChunkPayload
+from pml_common.settings import Settings
+from pml_search.chunk_index import COLLECTION, ChunkIndex
+from pml_search.vector_store import QdrantVectorStore
+
+
+def _chunk(doc: str, path: str, text: str, n: int = 0) -> ChunkPayload:
+    context_id = make_context_id(doc, path)
+    return ChunkPayload(
+        chunk_id=f"{context_id}:{n}",
+        context_id=context_id,
+        section_path=path,
+        text=text,
+        char_start=0,
+        char_end=len(text),
+    )
+
+
+@pytest.fixture
+async def index(settings: Settings, redis) -> AsyncIterator[ChunkIndex]:
+    store = QdrantVectorStore.from_settings(settings)
+    chunks = ChunkIndex(store, build_embedder(settings, redis))
+    await chunks.start()
+    yield chunks
+    await store.close()
+
+
+async def test_document_chunks_are_replaced_idempotently(index: ChunkIndex, tenant: str) -> None:
+    first = [
+        _chunk("d1", "Guide / Quotes", "Quotes are approved."),
+        _chunk("d1", "Guide / Contracts", "Contracts are signed."),
+    ]
+    assert await index.index_document(tenant, "d1", first) == 2
+    assert await index.index_document(tenant, "d1", first) == 0  # a redelivery: nothing to do
+    second = [first[0], _chunk("d1", "Guide / Billing", "Invoices are sent.")]
+    assert await index.index_document(tenant, "d1", second) == 1
+    assert await index.count(tenant, "d1") == 2
+    await index.index_document(f"{tenant}-b", "d1", first)
+    await index.delete_document(tenant, "d1")
+    assert await index.count(tenant) == 0
+    assert await index.count(f"{tenant}-b") == 2
+
+
+async def test_search_filters_by_context_ids(
+    index: ChunkIndex, tenant: str, settings, redis
+) -> None:
+    chunks = [
+        _chunk("d1", "Sales / Quotes", "A quotation becomes a contract after approval."),
+        _chunk("d2", "IT / Cloud", "Digital transformation moves workloads to the cloud."),
+    ]
+    for chunk in chunks:
+        await index.index_document(tenant, chunk.context_id.split(":")[1], [chunk])
+    embedder = build_embedder(settings, redis)
+    [query] = await embedder.embed_queries(["transformation"])
+    everything = await index.search(tenant, query, 5)
+    assert {h.document_id for h in everything} == {"d1", "d2"}
+    only = await index.search(tenant, query, 5, context_ids=[chunks[0].context_id])
+    assert [(h.document_id, h.context_id, h.section_path) for h in only] == [
+        ("d1", chunks[0].context_id, "Sales / Quotes")
+    ]
+    assert only[0].text == chunks[0].text
+    assert COLLECTION == "pml_chunks"
