@@ -78,20 +78,47 @@ def start_service(
 ) -> ManagedProcess:
     """Start one service as `python -m pml_<name>` and wait for its health check."""
     module, port_field = SERVICES[name]
+    return _spawn(name, [module], getattr(settings, port_field), settings, state_dir, extra_env)
+
+
+#: The ingestion pass workers, each its own process: `python -m pml_ingest.worker <pass>`.
+INGEST_PASSES = ("chunking", "pass1", "pass2a", "pass2b", "pass3")
+
+
+def start_ingest_worker(
+    pass_name: str,
+    settings: Settings,
+    state_dir: Path,
+    port: int,
+    extra_env: Mapping[str, str] | None = None,
+) -> ManagedProcess:
+    """Start one pass worker, its health on `port`, and wait for its health check."""
+    env = {"PML_INGEST_WORKER_PORT": str(port), **(extra_env or {})}
+    name = f"ingest-{pass_name}"
+    return _spawn(name, ["pml_ingest.worker", pass_name], port, settings, state_dir, env)
+
+
+def _spawn(
+    name: str,
+    module_args: Sequence[str],
+    port: int,
+    settings: Settings,
+    state_dir: Path,
+    extra_env: Mapping[str, str] | None,
+) -> ManagedProcess:
     log_path = state_dir / "logs" / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **settings_to_env(settings), **(extra_env or {})}
     env["PML_CONSUMER_NAME"] = f"{name}-{os.getpid()}-{time.monotonic_ns() % 100000}"
     with log_path.open("ab") as log:
         popen = subprocess.Popen(
-            [sys.executable, "-m", module],
+            [sys.executable, "-m", *module_args],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,
         )
-    port = getattr(settings, port_field)
     proc = ManagedProcess(name, popen, f"{settings.grpc_host}:{port}", log_path)
     wait_healthy(proc.url, timeout=90, proc=proc, settings=settings)
     return proc
@@ -140,6 +167,14 @@ class LocalStack:
             if port_open(port):
                 raise LocalRuntimeError(f"port {port} for the {name} service is already in use")
             self.processes.append(start_service(name, self.settings, self.state_dir))
+            if name == "ingest":
+                self.start_ingest_workers()
+
+    def start_ingest_workers(self) -> None:
+        """The five pass workers, each on a free health port."""
+        for pass_name in INGEST_PASSES:
+            worker = start_ingest_worker(pass_name, self.settings, self.state_dir, free_port())
+            self.processes.append(worker)
 
     def stop(self) -> None:
         for proc in reversed(self.processes):

@@ -20,6 +20,7 @@ from pml_cli import client
 from pml_cli.catalog_files import CatalogFileError, load_catalog
 from pml_cli.eval_tools import EvalError
 from pml_cli.execution_files import ExecutionFileError, load_executions
+from pml_cli.ingest_files import IngestFileError
 from pml_cli.local_stack import LocalStack, interrupt_on_signals
 from pml_common.local_runtime import LocalRuntimeError
 from pml_common.settings import Settings
@@ -62,7 +63,7 @@ def _reported() -> Iterator[None]:
         yield
     except grpc.RpcError as exc:
         rpc_failure(exc)
-    except (EvalError, CatalogFileError, ExecutionFileError) as exc:
+    except (EvalError, CatalogFileError, ExecutionFileError, IngestFileError) as exc:
         fail(str(exc))
 
 
@@ -168,6 +169,61 @@ def search(
         out.print_json(json.dumps(rows))
         return
     client.print_results(out, rows)
+
+
+@app.command(no_args_is_help=True)
+def ingest(
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="A .md/.txt file, a folder of them or a corpus.jsonl to ingest; or `status` "
+            "(per-pass state of documents); or `delete` followed by document ids."
+        ),
+    ],
+    ids: Annotated[
+        list[str] | None, typer.Argument(help="With `delete`: the ids of the documents.")
+    ] = None,
+    document: Annotated[
+        list[str] | None, typer.Option("--document", help="With `status`: a document id.")
+    ] = None,
+    wait: Annotated[bool, typer.Option(help="Follow the documents through every pass.")] = True,
+    timeout: Annotated[float, typer.Option(help="Seconds to follow them at most.")] = 3600,
+    tenant: TenantOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Ingest documents into the knowledge graph (`pml ingest PATH`), show their status
+    (`pml ingest status [--document ID ...]`) or delete them (`pml ingest delete ID ...`)."""
+    from pml_cli import ingest_client
+    from pml_cli.ingest_files import load_documents
+
+    settings = Settings()
+    tenant = tenant or settings.default_tenant
+    with _reported():
+        if target == "status":
+            found = ingest_client.statuses(settings, tenant, document)
+            if as_json:
+                sys.stdout.write(json.dumps(ingest_client.status_rows(found)) + "\n")
+            else:
+                ingest_client.print_status(out, found)
+            return
+        if target == "delete":
+            if not ids:
+                fail("give the id of the document(s) to delete: pml ingest delete ID ...")
+            for doc_id in ids:
+                ingest_client.delete(settings, tenant, doc_id)
+            out.print(f"deleting {len(ids)} document(s): {', '.join(ids)}")
+            return
+        if ids:
+            fail(f"unexpected argument(s) after {target}: {' '.join(ids)}")
+        docs = load_documents(Path(target))
+        doc_ids, unchanged = ingest_client.submit(settings, tenant, docs, err)
+        result: dict[str, Any] = {"documents": len(doc_ids), "unchanged": unchanged}
+        if wait:
+            counts = ingest_client.wait(settings, tenant, doc_ids, err, timeout)
+            result.update(counts)
+    _emit(result, as_json)
+    if result.get("failed") or result.get("in progress"):
+        raise typer.Exit(1)
 
 
 @publish_app.command("execution")
