@@ -99,3 +99,8 @@ async def pipeline(settings: Settings, graph_db, redis) -> AsyncIterator[Pipelin
         ClassifyPass(runtime),
         RelationPass(runtime),
     )
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
