@@ -151,6 +151,16 @@ async def test_mutual_tls_requires_a_client_certificate_of_the_ca(tls_files: Tls
             tls_key_file=str(tls_files.client_key),
         )
         assert (await get_node(address, member)).id == "fs:read"
+        # A service presents its own certificate when it calls another service: it needs the
+        # client usage as well as the server one.
+        service = server_tls(tls_files, tls_client_auth=True)
+        assert (await get_node(address, service)).id == "fs:read"
+        server_only = client_tls(
+            tls_files,
+            tls_cert_file=str(tls_files.server_only_cert),
+            tls_key_file=str(tls_files.server_only_key),
+        )
+        assert (await refused(address, server_only)).code() == grpc.StatusCode.UNAVAILABLE
 
 
 async def test_health_check_speaks_tls_when_the_settings_do(tls_files: TlsFiles) -> None:

@@ -182,14 +182,18 @@ def service_process(
 
 @dataclass(frozen=True)
 class TlsFiles:
-    """PEM files of a throwaway PKI: a CA, a server and a client certificate it signed, and a
-    second CA that signed nothing PML trusts (for certificates that must be refused)."""
+    """PEM files of a throwaway PKI: a CA; a service certificate it signed for both ends of
+    mutual TLS (server and client usages, as each service presents one certificate to its
+    clients and to the services it calls); a client-only and a server-only certificate; and a
+    certificate of another CA, which PML must refuse."""
 
     ca: Path
     server_cert: Path
     server_key: Path
     client_cert: Path
     client_key: Path
+    server_only_cert: Path
+    server_only_key: Path
     other_ca: Path
     other_cert: Path
     other_key: Path
@@ -244,7 +248,7 @@ def make_tls_files(folder: Path, hosts: Sequence[str] = ("localhost", "127.0.0.1
     def leaf(
         common_name: str,
         issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey],
-        usage: x509.ObjectIdentifier,
+        usages: list[x509.ObjectIdentifier],
     ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
         key = ec.generate_private_key(ec.SECP256R1())
         names: list[x509.GeneralName] = []
@@ -262,22 +266,26 @@ def make_tls_files(folder: Path, hosts: Sequence[str] = ("localhost", "127.0.0.1
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
             .sign(issuer[1], hashes.SHA256())
         )
         return cert, key
 
     ca = authority("pml test CA")
     other = authority("some other CA")
-    server = leaf("pml server", ca, ExtendedKeyUsageOID.SERVER_AUTH)
-    client = leaf("pml client", ca, ExtendedKeyUsageOID.CLIENT_AUTH)
-    stranger = leaf("stranger", other, ExtendedKeyUsageOID.CLIENT_AUTH)
+    server_auth, client_auth = ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH
+    server = leaf("pml service", ca, [server_auth, client_auth])
+    client = leaf("pml client", ca, [client_auth])
+    server_only = leaf("server only", ca, [server_auth])
+    stranger = leaf("stranger", other, [client_auth])
     return TlsFiles(
         ca=write("ca", *ca),
         server_cert=write("server", *server),
         server_key=folder / "server.key",
         client_cert=write("client", *client),
         client_key=folder / "client.key",
+        server_only_cert=write("server-only", *server_only),
+        server_only_key=folder / "server-only.key",
         other_ca=write("other-ca", *other),
         other_cert=write("stranger", *stranger),
         other_key=folder / "stranger.key",
