@@ -150,8 +150,16 @@ DELETE c
 """
 
 _DROP_HAS_TOPIC = """
-MATCH (:Document {tenant_id: $tenant, document_id: $doc})-[h:HAS_TOPIC]->(:Topic)
+MATCH (:Document {tenant_id: $tenant, document_id: $doc})-[h:HAS_TOPIC]->(t:Topic)
+WITH h, t.topic_id AS topic_id
 DELETE h
+RETURN collect(topic_id) AS topic_ids
+"""
+
+_SWEEP_NAMED_TOPICS = """
+MATCH (t:Topic {tenant_id: $tenant})
+WHERE t.topic_id IN $topic_ids AND NOT (t)<-[:HAS_TOPIC]-()
+DETACH DELETE t
 """
 
 _SWEEP_TOPICS = """
@@ -166,8 +174,16 @@ DETACH DELETE n
 """
 
 _DROP_MENTIONS = """
-MATCH (:SectionContext {tenant_id: $tenant, document_id: $doc})<-[m:MENTIONED_IN]-()
+MATCH (:SectionContext {tenant_id: $tenant, document_id: $doc})<-[m:MENTIONED_IN]-(c)
+WITH m, c.canonical_name AS key
 DELETE m
+RETURN collect(DISTINCT key) AS keys
+"""
+
+_SWEEP_NAMED_CONCEPTS = """
+MATCH (c:CanonicalConcept {tenant_id: $tenant})
+WHERE c.canonical_name IN $keys AND NOT (c)-[:MENTIONED_IN]->()
+DETACH DELETE c
 """
 
 # A concept lives as long as some section mentions it (its COVERS and relations go with it).
@@ -370,8 +386,12 @@ class GraphStore:
 
     # --- pass 1 ---------------------------------------------------------------------------
 
-    async def drop_mentions(self, tenant: str, doc: str) -> None:
-        await self._run(_DROP_MENTIONS, tenant=tenant, doc=doc)
+    async def drop_mentions(self, tenant: str, doc: str) -> list[str]:
+        """Delete the document's mentions; returns the keys of the concepts they named."""
+        records, _, _ = await self._driver.execute_query(
+            _DROP_MENTIONS, {"tenant": tenant, "doc": doc}, database_=self._database
+        )
+        return list(records[0]["keys"]) if records else []
 
     async def write_mentions(
         self, tenant: str, doc: str, language: str, rows: Sequence[dict[str, Any]]
@@ -380,8 +400,13 @@ class GraphStore:
             _WRITE_MENTIONS, tenant=tenant, doc=doc, language=language, rows=list(rows), at=utcnow()
         )
 
-    async def sweep_concepts(self, tenant: str) -> None:
-        await self._run(_SWEEP_CONCEPTS, tenant=tenant)
+    async def sweep_concepts(self, tenant: str, keys: Sequence[str] | None = None) -> None:
+        """Delete concepts no section mentions: those named by `keys`, or all of the tenant's
+        (a scan: for removals, where what was mentioned is not known any more)."""
+        if keys is None:
+            await self._run(_SWEEP_CONCEPTS, tenant=tenant)
+        else:
+            await self._run(_SWEEP_NAMED_CONCEPTS, tenant=tenant, keys=list(keys))
 
     async def mentions(self, tenant: str, doc: str) -> dict[str, list[tuple[str, float]]]:
         """Context id → (concept key, salience) of the document's mentions."""
@@ -405,13 +430,15 @@ class GraphStore:
         async def work(tx: neo4j.AsyncManagedTransaction) -> None:
             at = utcnow()
             await _consume(tx, _DROP_DOCUMENT_COVERS, tenant=tenant, doc=doc)
-            await _consume(tx, _DROP_HAS_TOPIC, tenant=tenant, doc=doc)
+            result = await tx.run(_DROP_HAS_TOPIC, tenant=tenant, doc=doc)
+            previous = (await result.single(strict=True))["topic_ids"]
             await _consume(tx, _WRITE_TOPICS, tenant=tenant, doc=doc, topics=list(topics), at=at)
             await _consume(tx, _ATTACH_SECTIONS, tenant=tenant, sections=list(sections))
             for start in range(0, len(covers), self.write_batch):
                 batch = list(covers[start : start + self.write_batch])
                 await _consume(tx, _WRITE_COVERS, tenant=tenant, doc=doc, covers=batch)
-            await _consume(tx, _SWEEP_TOPICS, tenant=tenant)
+            # Only topics this document held can have lost their last document here.
+            await _consume(tx, _SWEEP_NAMED_TOPICS, tenant=tenant, topic_ids=previous)
 
         await self._write(work)
 

@@ -284,12 +284,14 @@ class ConceptPass(Pass):
             for section, mentions in zip(sections, per_section, strict=True)
             for m in mentions
         ]
-        await store.drop_mentions(tenant, doc)
+        previous = await store.drop_mentions(tenant, doc)
         for i, batch in enumerate(batches(rows, self.rt.settings.ingest_write_batch)):
             await store.write_mentions(tenant, doc, language, batch)
             if i == 0:
                 await self.rt.pause_after_first_write(self.name, doc)
-        await store.sweep_concepts(tenant)
+        # Concepts only this document named, and no longer names; a crash before this line
+        # loses nothing: the redelivery drops and rewrites the same mentions.
+        await store.sweep_concepts(tenant, previous)
         log.info("ingest.concepts", tenant=tenant, document_id=doc, mentions=len(rows))
 
 
