@@ -52,7 +52,7 @@ class _FakeChat(BaseHTTPRequestHandler):
         text = body["messages"][1]["content"]
         if "depends on" in text:
             span = "the Billing Platform depends on the Pricing Engine"
-            forward = text.startswith("A: Billing") or text.startswith("A: billing")
+            forward = "billing" in text.splitlines()[0].lower()  # the line "A: <name>"
             answer = {
                 "relation_type": "DEPENDS_ON",
                 "direction": "A->B" if forward else "B->A",
