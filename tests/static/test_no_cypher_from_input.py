@@ -166,12 +166,80 @@ class CypherChecker:
                     else:
                         assert isinstance(argument, ast.expr)
                         self._require_constant(caller_module, argument, node)
-                elif _refers_to(node, function.name) and not _is_called_or_run(caller_module, node):
-                    self._violation(
-                        caller_module,
-                        node,
-                        f"{function.name} takes a query and is passed around as a value",
-                    )
+                elif (
+                    _refers_to(node, function.name)
+                    and not _is_called_or_run(caller_module, node)
+                    and not _local_name(caller_module, node)
+                ):
+                    # A bound method takes the query one position earlier than its definition.
+                    bound = is_method and isinstance(node, ast.Attribute)
+                    query_at = index - 1 if bound else index
+                    if not self._follow_handed_over(
+                        caller_module, node, query_at, param.name, function.name
+                    ):
+                        self._violation(
+                            caller_module,
+                            node,
+                            f"{function.name} takes a query and is passed around as a value",
+                        )
+
+    def _follow_handed_over(
+        self, module: Module, ref: ast.AST, query_at: int, query_param: str, helper: str
+    ) -> bool:
+        """`ref`, a helper taking a query at argument `query_at`, is an argument of a call of a
+        function or class of the code base: every call of the parameter receiving it, directly
+        or through the instance attribute it is stored in, must pass a constant there. False
+        when the helper goes anywhere else (the caller reports it)."""
+        call = module.parents.get(ref)
+        if not isinstance(call, ast.Call) or call.func is ref:
+            return False
+        target = self._callee(module, call.func)
+        if target is None:
+            return False
+        target_module, function, skip_self = target
+        names = [a.arg for a in (*function.args.posonlyargs, *function.args.args)][skip_self:]
+        keyword = next((k.arg for k in call.keywords if k.value is ref), None)
+        if keyword is None and ref in call.args and call.args.index(ref) < len(names):
+            keyword = names[call.args.index(ref)]
+        if keyword is None:
+            return False
+        holder = _Holder(target_module, function, keyword, query_at, query_param, helper)
+        for use in holder.uses():
+            if isinstance(use, ast.expr):
+                self._require_constant(target_module, use, use)
+            else:
+                self._violation(target_module, use[0], use[1])
+        return True
+
+    def _callee(
+        self, module: Module, func: ast.expr
+    ) -> tuple[Module, ast.FunctionDef | ast.AsyncFunctionDef, int] | None:
+        """The function a call runs (a class: its __init__, `self` skipped), if it is defined
+        at the top of a module of the code base."""
+        if not isinstance(func, ast.Name):
+            return None
+        target_module, target_name = module, func.id
+        imported = self._imported(module, func.id)
+        if imported is not None:
+            target_module, target_name = imported
+        for node in target_module.tree.body:
+            if (
+                isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                and node.name == target_name
+            ):
+                return target_module, node, 0
+            if isinstance(node, ast.ClassDef) and node.name == target_name:
+                init = next(
+                    (
+                        n
+                        for n in node.body
+                        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+                        and n.name == "__init__"
+                    ),
+                    None,
+                )
+                return (target_module, init, 1) if init is not None else None
+        return None
 
     def _modules_calling(self, module: Module, name: str) -> list[Module]:
         return [module] if name.startswith("_") else self.modules
@@ -325,6 +393,87 @@ class CypherChecker:
 
     def _violation(self, module: Module, node: ast.AST, reason: str) -> None:
         self.violations.append(f"{module.where(node)}: {reason}")
+
+
+@dataclass(frozen=True)
+class _Holder:
+    """Parameter `param` of `function` holds a query helper taking its query at `query_at`."""
+
+    module: Module
+    function: ast.FunctionDef | ast.AsyncFunctionDef
+    param: str
+    query_at: int
+    query_param: str
+    helper: str
+
+    def uses(self) -> Iterator[ast.expr | tuple[ast.AST, str]]:
+        """The query argument of every call of the helper through this parameter (or the
+        attribute it is stored in), or (node, reason) for a use that cannot be followed."""
+        for node in ast.walk(self.function):
+            if not (isinstance(node, ast.Name) and node.id == self.param):
+                continue
+            if isinstance(node.ctx, ast.Store):
+                yield node, f"{self.param} (holding {self.helper}) is reassigned"
+                continue
+            parent = self.module.parents.get(node)
+            if isinstance(parent, ast.Call) and parent.func is node:
+                yield self._query_of(parent)
+            elif (
+                isinstance(parent, ast.Assign)
+                and parent.value is node
+                and len(parent.targets) == 1
+                and isinstance(parent.targets[0], ast.Attribute)
+                and isinstance(parent.targets[0].value, ast.Name)
+                and parent.targets[0].value.id == "self"
+            ):
+                yield from self._attribute_uses(parent.targets[0].attr)
+            else:
+                yield node, f"{self.param} (holding {self.helper}) is passed on"
+
+    def _attribute_uses(self, attr: str) -> Iterator[ast.expr | tuple[ast.AST, str]]:
+        enclosing = self.module.enclosing(self.function)
+        cls = next((s for s in enclosing if isinstance(s, ast.ClassDef)), None)
+        if cls is None:
+            yield self.function, f"self.{attr} is not an instance attribute here"
+            return
+        for node in ast.walk(cls):
+            if not (
+                isinstance(node, ast.Attribute)
+                and node.attr == attr
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+                and isinstance(node.ctx, ast.Load)
+            ):
+                continue
+            parent = self.module.parents.get(node)
+            if isinstance(parent, ast.Call) and parent.func is node:
+                yield self._query_of(parent)
+            else:
+                yield node, f"self.{attr} (holding {self.helper}) is passed on"
+
+    def _query_of(self, call: ast.Call) -> ast.expr | tuple[ast.AST, str]:
+        argument = _argument_for(call, _callee_name(call), self.query_param, self.query_at, False)
+        if isinstance(argument, ast.expr):
+            return argument
+        return call, f"cannot see which query is passed to {self.helper}"
+
+
+def _local_name(module: Module, node: ast.AST) -> bool:
+    """Whether `node` is a bare name bound inside its function (a parameter or a local that
+    happens to share a helper's name), so not a reference to that helper."""
+    if not isinstance(node, ast.Name):
+        return False
+    for scope in module.enclosing(node):
+        if isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef) and (
+            node.id in {a.arg for a in _all_args(scope)} or any(_bindings(scope, node.id))
+        ):
+            return True
+    return False
+
+
+def _callee_name(call: ast.Call) -> str:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
 
 
 # --- AST helpers -----------------------------------------------------------------------------------
@@ -520,6 +669,15 @@ _BY_ID = f"MATCH (n:{_LABEL} {{tenant_id: $tenant, id: $id}}) RETURN n"
 _SCHEMA = ("CREATE INDEX a IF NOT EXISTS FOR (n:Tool) ON (n.id)", "CREATE INDEX b ...")
 _BY_KIND = {"tool": "MATCH (n:Tool) RETURN n", "capability": "MATCH (n:Capability) RETURN n"}
 _TYPES = frozenset({"CAUSES", "REQUIRES"})
+
+
+class Finder:
+    def __init__(self, read):
+        self._reader = read
+
+    async def find(self, tenant):
+        return await self._reader(_BY_ID, tenant=tenant)
+
 _WRITE = {t: "MERGE (a)-[:%s]->(b)" % t for t in sorted(_TYPES)}
 
 
@@ -549,6 +707,10 @@ class Store:
             for statement in _SCHEMA:
                 await session.run(statement)
             await session.run(neo4j.Query(_BY_ID, timeout=5.0), tenant=tenant)
+
+    async def reads(self, tenant):
+        finder = Finder(self._read)
+        await finder.find(tenant)
 
     async def write(self, tx, tenant, relation):
         await _run(tx, "MATCH (n {tenant_id: $tenant}) DETACH DELETE n", tenant=tenant)
@@ -612,6 +774,30 @@ def hand_out():
     assert "'tenant' of load" in reasons or "parameter 'tenant'" in reasons, reasons
     assert "passed around as a value" in reasons, reasons
     assert len(violations) == 4, reasons
+
+
+def test_the_checker_follows_a_helper_handed_to_a_class() -> None:
+    bad = (
+        GOOD
+        + """
+class Leaky:
+    def __init__(self, read, other):
+        self._run_query = read
+        other(read)
+
+    async def find(self, request):
+        return await self._run_query(request.cypher)
+
+
+async def build(store):
+    return Leaky(store._read, print)
+"""
+    )
+    violations = check_sources({"bad": bad})
+    reasons = "\n".join(violations)
+    assert "request.cypher" in reasons, reasons
+    assert "is passed on" in reasons, reasons
+    assert len(violations) == 2, reasons
 
 
 def test_the_checker_rejects_labels_taken_from_input() -> None:
