@@ -1,6 +1,7 @@
-"""Every gRPC channel of the code base is opened by `pml_common.grpc_client`, so every client
-(services calling services, the `pml` command, the health check) follows the TLS and token
-settings. A channel opened anywhere else would silently speak plaintext without a token."""
+"""Every gRPC channel of the code base is opened by `pml_common.grpc_client` and every server
+is a `pml_common.grpc_server.GrpcServer`, so every client (services calling services, the `pml`
+command, the health check) and every endpoint follows the TLS and token settings. A channel or
+server made anywhere else would silently speak plaintext without a token."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE_GLOBS = ("libs/*/src/**/*.py", "services/*/src/**/*.py", "cli/src/**/*.py")
 CHANNEL_FACTORIES = {"insecure_channel", "secure_channel", "intercept_channel"}
+SERVER_MODULE = "libs/common/src/pml_common/grpc_server.py"
 #: Where opening a channel is the point, and why elsewhere is allowed.
 ALLOWED = {
     "libs/common/src/pml_common/grpc_client.py": "the one place channels are opened",
@@ -41,6 +43,30 @@ def test_channels_are_opened_by_grpc_client_only() -> None:
                 continue
             found += [f"{relative}:{line}" for line in channel_openings(path.read_text())]
     assert found == [], "open channels with pml_common.grpc_client instead: " + ", ".join(found)
+
+
+def server_creations(source: str) -> list[int]:
+    """Lines of `grpc[.aio].server(…)` calls in `source`."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "server"
+        and ast.unparse(node.func.value) in {"grpc", "grpc.aio"}
+    ]
+
+
+def test_servers_are_grpc_servers_only() -> None:
+    found = []
+    for pattern in SOURCE_GLOBS:
+        for path in sorted(ROOT.glob(pattern)):
+            relative = path.relative_to(ROOT).as_posix()
+            if relative == SERVER_MODULE:
+                assert server_creations(path.read_text()), "the scan no longer sees GrpcServer's"
+                continue
+            found += [f"{relative}:{line}" for line in server_creations(path.read_text())]
+    assert found == [], "serve with pml_common.grpc_server.GrpcServer instead: " + ", ".join(found)
 
 
 def test_the_scan_finds_channel_openings() -> None:
