@@ -25,6 +25,7 @@ SECRET_FILES: dict[str, str] = {
     "embedding_api_key": "embedding_api_key_file",
     "auth_token": "auth_token_file",
     "auth_tokens": "auth_tokens_file",
+    "llm_verifier_api_key": "llm_verifier_api_key_file",
 }
 
 
@@ -307,6 +308,9 @@ class Settings(BaseSettings):
     llm_verifier_model: str = Field("verifier", description="Model name sent to that server.")
     llm_verifier_api_key: SecretStr | None = Field(
         None, description="Bearer key for that server, if any."
+    )
+    llm_verifier_api_key_file: str = Field(
+        "", description="File holding that bearer key (a mounted secret)."
     )
     llm_verifier_timeout_s: float = Field(
         30.0, gt=0, description="Timeout of one verification request."
