@@ -28,6 +28,8 @@ from pml_common.settings import Settings
 
 pytestmark = pytest.mark.e2e
 
+PASSES = ("chunking", "pass1", "pass2a", "pass2b", "pass3")
+
 CORPUS = {
     "sales.md": """# Sales Process
 
@@ -194,6 +196,37 @@ def submit(stub, tenant: str, doc_id: str, text: str, title: str = "") -> str:
         timeout=10,
     )
     return reply.event_ids[0]
+
+
+# --- the workers' contract -------------------------------------------------------------------
+
+
+def test_each_pass_worker_serves_health_and_consumes_in_its_own_group(
+    system: LocalStack, settings: Settings
+) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    workers = {p.name: p for p in system.processes if p.name.startswith("ingest-")}
+    assert set(workers) == {f"ingest-{name}" for name in PASSES}
+    for worker in workers.values():
+        with grpc.insecure_channel(worker.url) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service="pml.v1.IngestWorker"), timeout=5
+            )
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    client = redis.Redis.from_url(settings.redis_url)
+    consumed = {
+        Streams.DOCUMENT_SUBMITTED: "ingest-chunking",
+        Streams.DOCUMENT_DELETED: "ingest-chunking",
+        Streams.CHUNKING_COMPLETED: "ingest-pass1",
+        Streams.PASS1_COMPLETED: "ingest-pass2a",
+        Streams.PASS2A_COMPLETED: "ingest-pass2b",
+        Streams.PASS2B_COMPLETED: "ingest-pass3",
+        Streams.CHUNKS_EXTRACTED: "search-chunks",
+    }
+    for stream, group in consumed.items():
+        groups = {g["name"].decode() for g in client.xinfo_groups(stream)}
+        assert group in groups, (stream, groups)
 
 
 # --- the corpus through every pass -------------------------------------------------------
