@@ -13,6 +13,7 @@ from pml_common.events import (
     DocumentDeleted,
     DocumentSubmitted,
     Pass3Completed,
+    TenantDeleted,
 )
 from pml_common.knowledge_graph import SEMANTIC_RELATION_TYPES
 
@@ -250,3 +251,7 @@ async def test_tenants_are_isolated(pipeline, tenant, graph_db):
     await pipeline.run(DocumentDeleted.create(tenant_id=other, document_id="sales"))
     assert await counts(graph_db, tenant) == mine
     assert await counts(graph_db, other) == {}
+    await pipeline.chunking.on_tenant_deleted(TenantDeleted.create(tenant_id=tenant))
+    assert await counts(graph_db, tenant) == {}
+    assert await pipeline.status.documents(tenant) == []
+    assert await pipeline.status.get(tenant, "sales") is None

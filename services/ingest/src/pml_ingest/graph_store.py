@@ -198,6 +198,12 @@ MATCH (d:Document {tenant_id: $tenant, document_id: $doc})
 DETACH DELETE d
 """
 
+_DELETE_TENANT = tuple(
+    f"MATCH (n:{label} {{tenant_id: $tenant}}) "
+    "CALL (n) { DETACH DELETE n } IN TRANSACTIONS OF 1000 ROWS"
+    for label in ("SectionContext", "Document", "CanonicalConcept", "Topic")
+)
+
 # --- pass 1 ---------------------------------------------------------------------------------
 
 _WRITE_MENTIONS = """
@@ -383,6 +389,15 @@ class GraphStore:
             await _consume(tx, _SWEEP_CONCEPTS, tenant=tenant)
 
         await self._write(work)
+
+    async def delete_tenant(self, tenant: str) -> int:
+        """Delete every node (and so every relationship) of the tenant's knowledge graph."""
+        deleted = 0
+        async with self._driver.session(database=self._database) as session:
+            for statement in _DELETE_TENANT:
+                result = await session.run(statement, tenant=tenant)
+                deleted += (await result.consume()).counters.nodes_deleted
+        return deleted
 
     # --- pass 1 ---------------------------------------------------------------------------
 

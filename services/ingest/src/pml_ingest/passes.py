@@ -4,6 +4,7 @@
     ChunkingCompleted ─pass1→ Pass1Completed ─pass2a→ Pass2aCompleted ─pass2b→ Pass2bCompleted
     Pass2bCompleted ─pass3→ Pass3Completed
     DocumentDeleted ─chunking group→ the document's contribution removed
+    TenantDeleted ─chunking group→ the tenant's knowledge graph and statuses removed
 
 Every `*Completed` event carries the document's content hash; a pass whose event names another
 hash than the document's current one skips it (a newer version is on its way, or the document
@@ -35,6 +36,7 @@ from pml_common.events import (
     Pass2aCompleted,
     Pass2bCompleted,
     Pass3Completed,
+    TenantDeleted,
     _PassCompleted,
 )
 from pml_common.settings import Settings
@@ -132,7 +134,7 @@ class Pass:
 
 class ChunkingPass:
     """DocumentSubmitted → sections in the graph, chunks to search, ChunkingCompleted.
-    Also removes deleted documents (DocumentDeleted, same group)."""
+    Also removes deleted documents and tenants (DocumentDeleted, TenantDeleted, same group)."""
 
     name = "chunking"
 
@@ -142,6 +144,7 @@ class ChunkingPass:
     def subscribe(self, bus: EventBus) -> None:
         bus.subscribe(DocumentSubmitted, group_of(self.name), self.on_submitted)
         bus.subscribe(DocumentDeleted, group_of(self.name), self.on_deleted)
+        bus.subscribe(TenantDeleted, group_of(self.name), self.on_tenant_deleted)
 
     async def on_submitted(self, event: DocumentSubmitted) -> None:
         tenant, doc = event.tenant_id, event.document_id
@@ -215,6 +218,11 @@ class ChunkingPass:
             )
             await self.rt.status.forget(event.tenant_id, event.document_id)
         log.info("ingest.deleted", tenant=event.tenant_id, document_id=event.document_id)
+
+    async def on_tenant_deleted(self, event: TenantDeleted) -> None:
+        nodes = await self.rt.store.delete_tenant(event.tenant_id)
+        documents = await self.rt.status.forget_tenant(event.tenant_id)
+        log.info("ingest.tenant_deleted", tenant=event.tenant_id, nodes=nodes, documents=documents)
 
 
 def _section_row(section: Section) -> dict[str, Any]:

@@ -123,3 +123,13 @@ class StatusStore:
             pipe.delete(_key(tenant, doc))
             pipe.srem(_index(tenant), doc)
             await pipe.execute()
+
+    async def forget_tenant(self, tenant: str) -> int:
+        """Forget every document of the tenant; returns how many there were."""
+        docs = await self.documents(tenant)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for doc in docs:
+                pipe.delete(_key(tenant, doc))
+            pipe.delete(_index(tenant))
+            await pipe.execute()
+        return len(docs)
