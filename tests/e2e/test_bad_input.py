@@ -136,10 +136,16 @@ def test_reflection_and_health_are_on(e2e_settings) -> None:
     assert {"pml.v1.SearchService", "pml.v1.KnowledgeService"} <= names
 
 
-def test_knowledge_ask_is_unimplemented_for_now(e2e_settings) -> None:
+def test_knowledge_ask_refuses_bad_input(e2e_settings) -> None:
     from pml.v1 import knowledge_pb2, knowledge_pb2_grpc
 
     with grpc.insecure_channel(e2e_settings.search_addr) as channel:
         stub = knowledge_pb2_grpc.KnowledgeServiceStub(channel)
-        code, _ = _code(lambda: stub.Ask(knowledge_pb2.AskRequest(question="why?"), timeout=5))
-    assert code == grpc.StatusCode.UNIMPLEMENTED
+        code, message = _code(lambda: stub.Ask(knowledge_pb2.AskRequest(), timeout=30))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "question" in message
+        code, message = _code(
+            lambda: stub.Ask(knowledge_pb2.AskRequest(question="why?", k=99), timeout=30)
+        )
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "k must be" in message
+        answer = stub.Ask(knowledge_pb2.AskRequest(question="why?"), timeout=30)
+    assert answer.mode == knowledge_pb2.ANSWER_MODE_TEXT_ONLY  # nothing ingested: text only

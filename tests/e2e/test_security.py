@@ -9,7 +9,9 @@ of the running search, trainer, scorer and planner.
   read only: that count is the property under test.
 
 That no Cypher text is built from input at all is checked statically over the whole code base
-by tests/static/test_no_cypher_from_input.py.
+by tests/static/test_no_cypher_from_input.py. The knowledge side (Ask over the same document ids
+in two tenants, a deletion in one, injection-shaped questions and tenants) is covered where its
+ingestion pipeline runs: tests/e2e/test_knowledge.py.
 """
 
 from __future__ import annotations
@@ -27,8 +29,6 @@ import pytest
 
 from pml.v1 import (
     common_pb2,
-    knowledge_pb2,
-    knowledge_pb2_grpc,
     planner_pb2,
     planner_pb2_grpc,
     scorer_pb2,
@@ -107,7 +107,6 @@ class Stubs:
     search: search_pb2_grpc.SearchServiceStub
     scorer: scorer_pb2_grpc.ScorerServiceStub
     planner: planner_pb2_grpc.PlannerServiceStub
-    knowledge: knowledge_pb2_grpc.KnowledgeServiceStub
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +122,6 @@ def stubs(stack: LocalStack) -> Iterator[Stubs]:
             search_pb2_grpc.SearchServiceStub(search),
             scorer_pb2_grpc.ScorerServiceStub(scorer),
             planner_pb2_grpc.PlannerServiceStub(planner),
-            knowledge_pb2_grpc.KnowledgeServiceStub(search),
         )
 
 
@@ -367,21 +365,6 @@ def test_tenant_a_cannot_change_tenant_b(
     eventually(lambda: graph_counts(stack.settings, a), lambda counts: counts == [], timeout=60)
     assert view_of(stubs, b) == before
     assert graph_counts(stack.settings, b) == graph_before
-
-
-def test_knowledge_isolation_hook(stubs: Stubs, tenants: tuple[str, str]) -> None:
-    """KnowledgeService.Ask answers UNIMPLEMENTED until the knowledge side is built. Whoever
-    builds it extends this module: tenant A's Ask never returns B's concepts, paths or chunks
-    (same document ids in both tenants), A's DeleteDocument never touches B's, and questions and
-    document ids shaped like INJECTIONS are data. This test fails as soon as Ask answers, so the
-    isolation tests come with the service."""
-    a, _ = tenants
-    code = _status(
-        lambda: stubs.knowledge.Ask(knowledge_pb2.AskRequest(tenant_id=a, question=B_INTENT))
-    )
-    assert code == grpc.StatusCode.UNIMPLEMENTED, (
-        "KnowledgeService.Ask is implemented: add its tenant isolation and injection tests here"
-    )
 
 
 # --- injection-shaped input ----------------------------------------------------------------------

@@ -226,6 +226,29 @@ def ingest(
         raise typer.Exit(1)
 
 
+@app.command(no_args_is_help=True)
+def ask(
+    question: Annotated[str, typer.Argument(help="A question about the ingested documents.")],
+    k: Annotated[int, typer.Option(help="Evidence chunks to return (1-50).")] = 8,
+    method: Annotated[
+        str, typer.Option(help="graph-first (the runtime) | vector (plain vector search)")
+    ] = "graph-first",
+    tenant: TenantOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Ask the knowledge graph: mode, paths with each edge's evidence, ranked evidence chunks."""
+    from pml_cli import ask_client
+
+    settings = Settings()
+    with _reported():
+        stub = ask_client.knowledge_stub(settings)
+        reply = ask_client.ask(stub, tenant or settings.default_tenant, question, k, method)
+    if as_json:
+        sys.stdout.write(json.dumps(client.as_dict(reply)) + "\n")
+    else:
+        ask_client.print_answer(out, question, reply)
+
+
 @publish_app.command("execution")
 def publish_execution(
     file: Annotated[Path, typer.Argument(help="One ExecutionCompleted JSON, or JSONL of many.")],
@@ -280,6 +303,24 @@ def eval_synthetic(
     from pml_cli.eval_synthetic import evaluate_synthetic
 
     result = evaluate_synthetic(folds, steps, seed, Settings().shgat_key_dim, err)
+    _emit(result, as_json)
+
+
+@eval_app.command("knowledge")
+def eval_knowledge(
+    data: Annotated[Path, typer.Option(help="Folder with corpus.jsonl and questions.jsonl.")],
+    method: Annotated[
+        str, typer.Option(help="vector | graph-first, or both: vector,graph-first")
+    ] = "graph-first",
+    max_questions: Annotated[int | None, typer.Option(help="Evaluate the first N only.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Ingest DATA's corpus through the pipeline, ask every question: recall@2/@5,
+    all_evidence@8."""
+    from pml_cli.eval_knowledge import evaluate_knowledge
+
+    with _reported():
+        result = evaluate_knowledge(Settings(), data, method, max_questions, err)
     _emit(result, as_json)
 
 
@@ -428,6 +469,26 @@ def bench_bus(
     try:
         result = run_bench(events, err)
     except LocalRuntimeError as exc:
+        fail(str(exc))
+    _emit(result, as_json)
+
+
+@bench_app.command("knowledge")
+def bench_knowledge(
+    data: Annotated[Path, typer.Option(help="Knowledge set (corpus.jsonl, questions.jsonl).")] = (
+        Path("../shared/data/knowledge-musique")
+    ),
+    documents: Annotated[int | None, typer.Option(help="Ingest the first N only.")] = None,
+    rounds: Annotated[int, typer.Option(help="Times every question is asked.")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Ingestion documents/s per pass and end to end, and Ask latency, on a private system."""
+    from pml_cli.bench_knowledge import bench_knowledge as run_bench
+
+    try:
+        with _reported():
+            result = run_bench(data, documents, rounds, err)
+    except (LocalRuntimeError, ValueError, RuntimeError) as exc:
         fail(str(exc))
     _emit(result, as_json)
 

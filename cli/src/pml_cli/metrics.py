@@ -64,3 +64,32 @@ class ToolMetrics:
         }
         out["queries"] = self.queries
         return out
+
+
+@dataclass
+class KnowledgeMetrics:
+    """Running means of the knowledge-retrieval metrics over questions: recall@2, recall@5
+    (|supporting ∩ top-k documents| / |supporting|) and all_evidence@8 (every supporting
+    document in the top 8)."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    questions: int = 0
+
+    def add(self, ranked: Sequence[str], supporting: Sequence[str]) -> None:
+        values = {
+            "recall@2": recall_at(ranked, supporting, 2),
+            "recall@5": recall_at(ranked, supporting, 5),
+            "all_evidence@8": all_in_top(ranked, supporting, 8),
+        }
+        for name, value in values.items():
+            self.sums[name] = self.sums.get(name, 0.0) + value
+        self.questions += 1
+
+    def result(self) -> dict[str, float | int]:
+        names = ("recall@2", "recall@5", "all_evidence@8")
+        out: dict[str, float | int] = {
+            name: round(self.sums.get(name, 0.0) / self.questions, 4) if self.questions else 0.0
+            for name in names
+        }
+        out["questions"] = self.questions
+        return out

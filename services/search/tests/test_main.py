@@ -25,11 +25,10 @@ def test_module_serves_and_shuts_down_gracefully(
             )
             assert list(reply.results) == []
             ask = knowledge_pb2_grpc.KnowledgeServiceStub(channel)
-            try:
-                ask.Ask(knowledge_pb2.AskRequest(question="why?"), timeout=10)
-                raise AssertionError("Ask should not be implemented yet")
-            except grpc.RpcError as exc:
-                assert exc.code() == grpc.StatusCode.UNIMPLEMENTED
+            answer = ask.Ask(
+                knowledge_pb2.AskRequest(tenant_id=tenant, question="why?"), timeout=30
+            )
+            assert answer.mode == knowledge_pb2.ANSWER_MODE_TEXT_ONLY and not answer.chunks
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
         assert "search stopped" in log.read_text()

@@ -7,6 +7,10 @@ Collection `pml_chunks`; one point per chunk, id derived from (tenant, chunk id)
 section path and the chunk text (`chunk_text`), so a chunk knows which document and section it
 belongs to.
 
+With the embedded vector store, searches run on the tenant's chunks in memory
+(`pml_search.chunk_memory`: that store filters point by point in Python); every write here
+invalidates them.
+
 Idempotence: a document's `ChunksExtracted` replaces its chunks: chunks of the document that
 the event no longer names are deleted, chunks whose content hash is unchanged are not embedded
 or written again, so a redelivered event changes nothing.
@@ -25,6 +29,7 @@ import structlog
 
 from pml_common.embedding import Embedder
 from pml_common.events import ChunkPayload
+from pml_search.chunk_memory import ChunkMemory
 from pml_search.vector_store import VectorHit, VectorPoint, VectorStore
 
 log = structlog.get_logger(__name__)
@@ -62,6 +67,15 @@ class ChunkIndex:
     def __init__(self, store: VectorStore, embedder: Embedder) -> None:
         self._store = store
         self._embedder = embedder
+        self._memory = ChunkMemory(store, COLLECTION, embedder.dim) if store.embedded else None
+
+    @property
+    def embedder(self) -> Embedder:
+        return self._embedder
+
+    def _changed(self, tenant: str) -> None:
+        if self._memory is not None:
+            self._memory.invalidate(tenant)
 
     async def start(self) -> None:
         await self._store.ensure_collection(COLLECTION, self._embedder.dim, INDEXED_FIELDS)
@@ -79,6 +93,7 @@ class ChunkIndex:
         stale = [cid for cid in stored if cid not in wanted]
         if stale:
             await self._store.delete(COLLECTION, {**where, "chunk_id": stale})
+            self._changed(tenant)
         name = self._embedder.name
         todo = [(c, h) for c in wanted.values() if stored.get(c.chunk_id) != (h := _hash(name, c))]
         if todo:
@@ -99,6 +114,7 @@ class ChunkIndex:
                     for (c, h), vector in zip(todo, vectors, strict=True)
                 ],
             )
+            self._changed(tenant)
         log.info(
             "chunks indexed",
             tenant=tenant,
@@ -110,12 +126,16 @@ class ChunkIndex:
         return len(todo)
 
     async def delete_document(self, tenant: str, document_id: str) -> int:
-        return await self._store.delete(
+        deleted = await self._store.delete(
             COLLECTION, {"tenant_id": tenant, "document_id": document_id}
         )
+        self._changed(tenant)
+        return deleted
 
     async def delete_tenant(self, tenant: str) -> int:
-        return await self._store.delete(COLLECTION, {"tenant_id": tenant})
+        deleted = await self._store.delete(COLLECTION, {"tenant_id": tenant})
+        self._changed(tenant)
+        return deleted
 
     async def search(
         self,
@@ -127,6 +147,10 @@ class ChunkIndex:
     ) -> list[ChunkHit]:
         """The tenant's chunks most similar to `query`, optionally only those of the given
         sections (`context_ids`) or documents; best first."""
+        if self._memory is not None:
+            chunks = await self._memory.chunks(tenant)
+            found = chunks.search(query, limit, context_ids, document_ids)
+            return [_hit(VectorHit(h.point.id, h.score, h.point.payload)) for h in found]
         where: dict[str, str | Sequence[str]] = {"tenant_id": tenant}
         if context_ids is not None:
             where["context_id"] = list(context_ids)

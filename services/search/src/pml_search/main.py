@@ -4,7 +4,9 @@ Builds, from one `Settings`: logging and telemetry, the Redis client (embedding 
 embedder, the vector store (sole owner of the embedded Qdrant folder), the Neo4j driver (read
 only), the event subscriptions (the shared group `search` and this replica's cache group, see
 `consumers`) and the gRPC server on `settings.search_port` with `SearchService` and
-`KnowledgeService` (whose `Ask` answers UNIMPLEMENTED until the knowledge side is built).
+`KnowledgeService` (graph-first `Ask`, `pml_search.knowledge`; its replica group
+`search-knowledge-<consumer_name>` keeps the GDS projections current, see
+`knowledge_consumers`).
 SIGTERM/SIGINT stop it gracefully: the server stops accepting RPCs and finishes those in flight,
 then the consumers stop, the replica's cache group is removed, then the clients close.
 """
@@ -28,7 +30,12 @@ from pml_search.catalog_index import CatalogIndex
 from pml_search.chunk_consumers import ChunkConsumers
 from pml_search.chunk_index import ChunkIndex
 from pml_search.consumers import CACHE_EVENTS, SearchConsumers
+from pml_search.gds import GdsPaths
 from pml_search.graph_view import GraphView
+from pml_search.knowledge import KnowledgeEngine
+from pml_search.knowledge_consumers import KNOWLEDGE_CACHE_EVENTS, KnowledgeConsumers
+from pml_search.knowledge_reads import KnowledgeReads
+from pml_search.knowledge_service import KnowledgeServicer
 from pml_search.service import SearchServicer
 from pml_search.vector_store import QdrantVectorStore
 
@@ -54,14 +61,17 @@ class SearchApp:
         self.chunks = ChunkIndex(self._store, self.catalog.embedder)
         ChunkConsumers(self.chunks).subscribe(self.bus)
         self._cache_group = consumers.subscribe(self.bus, settings.consumer_name)
+        reads = KnowledgeReads(self._driver, settings.neo4j_database)
+        gds = GdsPaths(reads.read, settings.consumer_name)
+        self.knowledge = KnowledgeEngine(reads, gds, self.chunks)
+        self._knowledge_group = KnowledgeConsumers(gds).subscribe(self.bus, settings.consumer_name)
         self.servicer = SearchServicer(settings, self.catalog, self.graph, self.bus)
         self._server = GrpcServer(settings, self.port, SERVICE)
         self._server.add(
             lambda s: search_pb2_grpc.add_SearchServiceServicer_to_server(self.servicer, s),
             "pml.v1.SearchService",
         )
-        # The generated base answers UNIMPLEMENTED (its stub marks Ask abstract).
-        knowledge = knowledge_pb2_grpc.KnowledgeServiceServicer()  # type: ignore[abstract]
+        knowledge = KnowledgeServicer(settings, self.knowledge)
         self._server.add(
             lambda s: knowledge_pb2_grpc.add_KnowledgeServiceServicer_to_server(knowledge, s),
             "pml.v1.KnowledgeService",
@@ -74,6 +84,7 @@ class SearchApp:
         # Load the model (and fill the cache) now rather than on the first request.
         await self.catalog.embedder.embed_queries(["warm up"])
         await create_replica_group(self._redis, self._cache_group, CACHE_EVENTS)
+        await create_replica_group(self._redis, self._knowledge_group, KNOWLEDGE_CACHE_EVENTS)
         await self.bus.start()
         self.port = await self._server.start()
         log.info("search started", port=self.port)
@@ -83,6 +94,7 @@ class SearchApp:
         await self._server.stop()
         await self.bus.stop()
         await destroy_replica_group(self._redis, self._cache_group, CACHE_EVENTS)
+        await destroy_replica_group(self._redis, self._knowledge_group, KNOWLEDGE_CACHE_EVENTS)
         await self._driver.close()
         await self._store.close()
         await self._redis.aclose()

@@ -261,3 +261,34 @@ def _short(value: str, chars: int = 80) -> str:
 def _names(values: Sequence[str]) -> str:
     shown = ", ".join(repr(_short(v)) for v in values[:10])
     return shown + (" ..." if len(values) > 10 else "")
+
+
+# --- KnowledgeService.Ask ---------------------------------------------------------------------
+
+#: Evidence chunks an Ask returns when `k` is 0, and the most it may ask for.
+DEFAULT_ASK_K = 8
+MAX_ASK_K = 50
+ASK_METHODS = ("graph-first", "vector")
+
+
+def question_of(question: str, settings: Settings) -> str:
+    return text_of(question, settings, "question")
+
+
+def ask_k_of(k: int) -> int:
+    """How many evidence chunks: 1 to `MAX_ASK_K`, 0 for `DEFAULT_ASK_K`."""
+    if k == 0:
+        return DEFAULT_ASK_K
+    if not 1 <= k <= MAX_ASK_K:
+        raise invalid_argument(f"k must be between 1 and {MAX_ASK_K} (0 means {DEFAULT_ASK_K})")
+    return k
+
+
+def ask_method_of(method: str) -> str:
+    """`graph-first` (the default, also for "") or `vector` (the plain baseline)."""
+    value = method.strip().lower() or ASK_METHODS[0]
+    if value not in ASK_METHODS:
+        raise invalid_argument(
+            f"method {_short(method)!r} is not known; use one of {', '.join(ASK_METHODS)}"
+        )
+    return value

@@ -79,6 +79,12 @@ class VectorStore(ABC):
     @abstractmethod
     async def close(self) -> None: ...
 
+    @property
+    def embedded(self) -> bool:
+        """Whether this is an in-process store that only this process uses (and that has no
+        payload index: filters are evaluated point by point)."""
+        return False
+
 
 # --- Qdrant -----------------------------------------------------------------------------------
 
@@ -135,6 +141,10 @@ class QdrantVectorStore(VectorStore):
         # (~1-2 ms each): small batches with a yield in between keep other requests flowing
         # while a large catalog is written.
         self._upsert_batch = upsert_batch or (64 if self._local else 512)
+
+    @property
+    def embedded(self) -> bool:
+        return self._local
 
     @classmethod
     def from_settings(cls, settings: Settings) -> QdrantVectorStore:

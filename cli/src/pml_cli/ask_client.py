@@ -1,0 +1,128 @@
+"""`pml ask`: one question to `KnowledgeService.Ask`, printed for people (rich) or as JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console, Group, RenderableType
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from pml.v1 import common_pb2, knowledge_pb2, knowledge_pb2_grpc
+from pml_cli.client import channel
+from pml_common.settings import Settings
+
+#: `method` values of Ask; the first is the service's default.
+ASK_METHODS = ("graph-first", "vector")
+MODE_NAMES = {
+    knowledge_pb2.ANSWER_MODE_REASONED: "REASONED",
+    knowledge_pb2.ANSWER_MODE_ANCHORED: "ANCHORED",
+    knowledge_pb2.ANSWER_MODE_TEXT_ONLY: "TEXT_ONLY",
+}
+_MODE_STYLE = {"REASONED": "bold green", "ANCHORED": "bold yellow", "TEXT_ONLY": "bold red"}
+_MODE_NOTE = {
+    "REASONED": "paths of evidenced relations in the knowledge graph, with their quotes",
+    "ANCHORED": "no evidenced path; sections the question's concepts anchor to",
+    "TEXT_ONLY": "no support in the knowledge graph: plain vector search",
+}
+SNIPPET_CHARS = 240
+
+
+def knowledge_stub(settings: Settings) -> knowledge_pb2_grpc.KnowledgeServiceStub:
+    return knowledge_pb2_grpc.KnowledgeServiceStub(channel(settings.search_addr, settings))
+
+
+def ask(
+    stub: knowledge_pb2_grpc.KnowledgeServiceStub,
+    tenant: str,
+    question: str,
+    k: int,
+    method: str = "",
+    timeout: float = 60.0,
+) -> knowledge_pb2.AskResponse:
+    request = knowledge_pb2.AskRequest(tenant_id=tenant, question=question, k=k, method=method)
+    return stub.Ask(request, timeout=timeout)
+
+
+def mode_name(reply: knowledge_pb2.AskResponse) -> str:
+    return MODE_NAMES.get(reply.mode, "UNSPECIFIED")
+
+
+def ranked_documents(reply: knowledge_pb2.AskResponse) -> list[str]:
+    """The documents of the evidence chunks, in order, each once (the evaluation's ranking)."""
+    return list(dict.fromkeys(c.document_id for c in reply.chunks))
+
+
+def _snippet(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= SNIPPET_CHARS else flat[: SNIPPET_CHARS - 1] + "…"
+
+
+def _edge_line(edge: knowledge_pb2.PathEdge) -> Text:
+    line = Text("  ")
+    line.append(edge.source, style="cyan")
+    line.append(f" ─{edge.relation}→ ", style="magenta")
+    line.append(edge.target, style="cyan")
+    line.append(f"  confidence {edge.confidence:.2f}", style="dim")
+    return line
+
+
+def _paths(reply: knowledge_pb2.AskResponse) -> list[Text]:
+    lines: list[Text] = []
+    for number, path in enumerate(reply.paths, start=1):
+        head = Text(f"{number}. ", style="bold")
+        head.append(" → ".join(path.concepts), style="bold cyan")
+        head.append(
+            f"   score {path.score:.3f} · evidence {path.evidence_coverage:.0%}", style="dim"
+        )
+        lines.append(head)
+        for edge in path.edges:
+            lines.append(_edge_line(edge))
+            for evidence in edge.evidence:
+                quote = Text("      “", style="green")
+                quote.append(_snippet(evidence.quote), style="green")
+                quote.append("”  ", style="green")
+                quote.append(evidence.context_id, style="dim")
+                lines.append(quote)
+    return lines
+
+
+def _chunks(reply: knowledge_pb2.AskResponse) -> Table:
+    table = Table("#", "document", "section", "score", "plan", "text", expand=True)
+    for rank, chunk in enumerate(reply.chunks, start=1):
+        table.add_row(
+            str(rank),
+            escape(chunk.document_id),
+            escape(chunk.section_path),
+            f"{chunk.score:.3f}",
+            f"{chunk.plan_weight:.2f}" if chunk.plan_weight else "-",
+            escape(_snippet(chunk.text)),
+        )
+    return table
+
+
+def _timings(timings: Sequence[common_pb2.StageTiming]) -> str:
+    parts = [f"{t.stage} {t.ms:.1f} ms" for t in timings]
+    total = sum(t.ms for t in timings)
+    return " · ".join(parts) + f"  (total {total:.1f} ms)"
+
+
+def print_answer(console: Console, question: str, reply: knowledge_pb2.AskResponse) -> None:
+    mode = mode_name(reply)
+    header = Text()
+    header.append(mode, style=_MODE_STYLE.get(mode, "bold"))
+    header.append(f" — {_MODE_NOTE.get(mode, '')}")
+    if reply.path_finder:
+        header.append(f"   (paths: {reply.path_finder})", style="dim")
+    seeds = ", ".join(reply.seed_concepts) or "none"
+    parts: list[RenderableType] = [header, Text(f"seed concepts: {seeds}", style="dim")]
+    if reply.paths:
+        parts += [Text(""), Text("Paths", style="bold underline"), *_paths(reply)]
+    console.print(Panel(Group(*parts), title=escape(question), title_align="left"))
+    if reply.chunks:
+        console.print(_chunks(reply))
+    else:
+        console.print("[dim]no evidence chunk[/]")
+    console.print(f"[dim]{_timings(reply.timings)}[/]")

@@ -1,0 +1,278 @@
+"""Graph-first question answering: `KnowledgeService.Ask` (seed 001 §2, §5, §8bis, §9).
+
+    question ─seeds→ concepts of the graph ─paths→ k-shortest paths between seeds (GDS Yen, or
+    the Cypher fallback), scored by §8bis ─plan→ evidence plan (SectionContexts) ─vector→ the
+    chunks of the plan's sections nearest the question, ranked by semantic × plan weight
+
+Modes (§2.2, §8bis): REASONED when a selected path has evidence on its edges; ANCHORED when
+there is no such path but the question's concepts anchor it in the graph (mentions, topics);
+TEXT_ONLY when nothing of the question is in the graph, answered by plain vector search. The
+invariants of §9 hold on every code path and are checked where the answer is made:
+
+- I1: the graph is queried before the vector store (even for TEXT_ONLY, whose seed look-up is
+  a graph query); `method = "vector"` is the plain baseline and is labelled so.
+- I2: REASONED only with paths whose every selected edge carries evidence (`paths.may_reason`).
+- I3: evidence is addressed by SectionContext (`context_id`), the vector search is filtered by
+  the plan's context ids, never by chunk.
+
+When the plan's sections hold fewer than `k` chunks, the nearest chunks outside it complete the
+answer (plan weight 0), so an answer always has `k` chunks when the tenant has them.
+Each stage runs in its own span and is timed in the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+import numpy as np
+from opentelemetry import trace
+
+from pml_common.concepts import ngram_keys
+from pml_search import evidence_plan as planning
+from pml_search.chunk_index import ChunkHit, ChunkIndex
+from pml_search.evidence_plan import EvidencePlan, Seed
+from pml_search.gds import GdsPaths
+from pml_search.knowledge_reads import PATHS_PER_PAIR, KnowledgeReads
+from pml_search.paths import MAX_HOPS, Edge, Mode, Path, answer_mode, build_path, select_paths
+
+_tracer = trace.get_tracer("pml_search.knowledge")
+
+GRAPH_FIRST = "graph-first"
+VECTOR = "vector"
+METHODS = (GRAPH_FIRST, VECTOR)
+#: Seeds whose pairs are searched for paths (the strongest with semantic relations).
+PATH_SEEDS = 6
+#: Chunks of the plan's sections scored per requested chunk (and at least `MIN_PLAN_CHUNKS`).
+PLAN_CHUNKS_PER_K = 8
+MIN_PLAN_CHUNKS = 64
+GDS_YEN = "gds-yen"
+CYPHER = "cypher"
+
+
+@dataclass(frozen=True)
+class RankedChunk:
+    hit: ChunkHit
+    score: float
+    semantic: float
+    plan_weight: float
+
+
+@dataclass
+class Stages:
+    """Wall time of each stage (ms), each stage also a span."""
+
+    timings: list[tuple[str, float]] = field(default_factory=list)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[trace.Span]:
+        start = time.perf_counter()
+        with _tracer.start_as_current_span(f"ask.{name}") as span:
+            try:
+                yield span
+            finally:
+                self.timings.append((name, (time.perf_counter() - start) * 1000.0))
+
+
+@dataclass
+class Answer:
+    mode: Mode
+    method: str
+    seeds: list[Seed]
+    paths: list[Path]
+    plan: EvidencePlan
+    chunks: list[RankedChunk]
+    path_finder: str
+    stages: Stages
+    #: Store reads in the order they happened ("graph" / "vector"), for invariant I1.
+    reads: list[str] = field(default_factory=list)
+
+
+class KnowledgeEngine:
+    """Everything `Ask` does, independent of gRPC."""
+
+    def __init__(self, reads: KnowledgeReads, gds: GdsPaths, chunks: ChunkIndex) -> None:
+        self.reads = reads
+        self.gds = gds
+        self.chunks = chunks
+
+    async def ask(self, tenant: str, question: str, k: int, method: str) -> Answer:
+        stages = Stages()
+        embedding = asyncio.create_task(self._embed(question))
+        try:
+            if method == VECTOR:
+                return await self._vector_only(tenant, k, embedding, stages)
+            return await self._graph_first(tenant, question, k, embedding, stages)
+        finally:
+            if not embedding.done():
+                embedding.cancel()
+
+    async def _embed(self, question: str) -> np.ndarray:
+        vectors = await self.chunks.embedder.embed_queries([question])
+        return np.asarray(vectors[0], dtype=np.float32)
+
+    # --- the plain baseline ---------------------------------------------------------------
+
+    async def _vector_only(
+        self, tenant: str, k: int, embedding: asyncio.Task[np.ndarray], stages: Stages
+    ) -> Answer:
+        answer = Answer(Mode.TEXT_ONLY, VECTOR, [], [], EvidencePlan(), [], "", stages)
+        with stages.stage("embed"):
+            vector = await embedding
+        with stages.stage("vector"):
+            answer.reads.append("vector")
+            hits = await self.chunks.search(tenant, vector, k)
+        answer.chunks = [RankedChunk(h, h.score, h.score, 0.0) for h in hits]
+        return answer
+
+    # --- graph first ----------------------------------------------------------------------
+
+    async def _graph_first(
+        self,
+        tenant: str,
+        question: str,
+        k: int,
+        embedding: asyncio.Task[np.ndarray],
+        stages: Stages,
+    ) -> Answer:
+        answer = Answer(Mode.TEXT_ONLY, GRAPH_FIRST, [], [], EvidencePlan(), [], "", stages)
+        with stages.stage("seeds") as span:
+            answer.reads.append("graph")
+            keys = ngram_keys(question)
+            rows = await self.reads.concepts(tenant, keys)
+            total = await self.reads.section_count(tenant)
+            answer.seeds = planning.seeds_of(rows, total)
+            span.set_attribute("pml.seeds", len(answer.seeds))
+        degrees = {r.key: r.degree for r in rows}
+        with stages.stage("paths") as span:
+            answer.paths, answer.path_finder = await self._paths(tenant, answer.seeds, degrees)
+            span.set_attribute("pml.paths", len(answer.paths))
+            span.set_attribute("pml.path_finder", answer.path_finder)
+        with stages.stage("plan") as span:
+            answer.plan = await self._plan(tenant, answer.seeds, answer.paths, total)
+            span.set_attribute("pml.plan_sections", len(answer.plan.weights))
+        answer.mode = answer_mode(answer.paths, anchored=bool(answer.plan))
+        with stages.stage("embed"):
+            vector = await embedding
+        with stages.stage("vector") as span:
+            answer.reads.append("vector")
+            answer.chunks = await self._evidence_chunks(tenant, vector, k, answer.plan)
+            span.set_attribute("pml.mode", answer.mode.value)
+        return answer
+
+    async def _paths(
+        self, tenant: str, seeds: Sequence[Seed], degrees: dict[str, int]
+    ) -> tuple[list[Path], str]:
+        """Selected paths between pairs of the strongest seeds that have relations."""
+        linked = [s.key for s in seeds if degrees.get(s.key, 0) > 0][:PATH_SEEDS]
+        pairs = list(itertools.combinations(linked, 2))
+        if not pairs:
+            return [], ""
+        if await self.gds.available():
+            finder = GDS_YEN
+            sequences = await self.gds.paths(tenant, pairs, PATHS_PER_PAIR, MAX_HOPS)
+        else:
+            finder = CYPHER
+            sequences = await self.reads.cypher_paths(tenant, pairs)
+        return await self._scored_paths(tenant, sequences), finder
+
+    async def _scored_paths(self, tenant: str, sequences: Sequence[tuple[str, ...]]) -> list[Path]:
+        hops = sorted({(min(a, b), max(a, b)) for seq in sequences for a, b in pairwise(seq)})
+        edges = await self.reads.edges(tenant, [(a, b) for a, b in hops if a != b])
+        best = best_edges(edges)
+        nodes = sorted({n for seq in sequences for n in seq})
+        degrees = await self.reads.degrees(tenant, nodes)
+        built = []
+        for seq in sequences:
+            path = build_path(seq, best)
+            if path is not None:
+                built.append(Path(path.nodes, path.edges, degrees))
+        return select_paths(built)
+
+    async def _plan(
+        self, tenant: str, seeds: Sequence[Seed], paths: Sequence[Path], total: int
+    ) -> EvidencePlan:
+        documents: dict[str, str] = {}
+        seed_weights = {s.key: s.weight for s in seeds}
+        routes = await self.reads.routes(tenant, list(seed_weights), planning.ROUTES_PER_KEY)
+        hop1 = planning.anchor_scores(routes, seed_weights, documents)
+        best = planning.top_sections(hop1, planning.BRIDGE_SECTIONS)
+        concepts = await self.reads.section_concepts(tenant, best, planning.MAX_BRIDGE_SECTIONS)
+        bridges = planning.bridge_keys(hop1, concepts, seeds, total)
+        inner = {n: 1.0 for p in paths for n in p.nodes[1:-1] if n not in seed_weights}
+        followed = {**bridges, **{k: v for k, v in inner.items() if k not in bridges}}
+        hop2_routes = await self.reads.routes(tenant, list(followed), planning.ROUTES_PER_KEY)
+        hop2 = planning.anchor_scores(
+            [r for r in hop2_routes if r.key in bridges], bridges, documents
+        )
+        path_routes = planning.anchor_scores(
+            [r for r in hop2_routes if r.key in inner], inner, documents
+        )
+        return planning.combine(hop1, hop2, paths, path_routes, documents)
+
+    async def _evidence_chunks(
+        self, tenant: str, vector: np.ndarray, k: int, plan: EvidencePlan
+    ) -> list[RankedChunk]:
+        ranked: list[RankedChunk] = []
+        if plan:
+            limit = max(MIN_PLAN_CHUNKS, PLAN_CHUNKS_PER_K * k)
+            hits = await self.chunks.search(tenant, vector, limit, context_ids=plan.ordered())
+            ranked = [
+                RankedChunk(
+                    h,
+                    planning.fused_score(h.score, plan.weight(h.context_id)),
+                    h.score,
+                    plan.weight(h.context_id),
+                )
+                for h in hits
+            ]
+            ranked.sort(key=lambda c: (-c.score, c.hit.chunk_id))
+            ranked = ranked[:k]
+        if len(ranked) < k:
+            # The plan's sections hold too few chunks: the nearest others complete the answer.
+            seen = {c.hit.chunk_id for c in ranked}
+            more = await self.chunks.search(tenant, vector, k + len(seen))
+            ranked.extend(
+                RankedChunk(h, h.score, h.score, 0.0) for h in more if h.chunk_id not in seen
+            )
+        return ranked[:k]
+
+
+def best_edges(edges: Sequence[Edge]) -> dict[frozenset[str], Edge]:
+    """The relation a path follows between two concepts: an evidenced one before any other,
+    then the most confident (then by type, so the choice is stable)."""
+    best: dict[frozenset[str], Edge] = {}
+    for edge in edges:
+        pair = frozenset((edge.source, edge.target))
+        kept = best.get(pair)
+        if kept is None or _edge_rank(edge) > _edge_rank(kept):
+            best[pair] = edge
+    return best
+
+
+def _edge_rank(edge: Edge) -> tuple[bool, float, str]:
+    return (edge.evidenced, edge.confidence, edge.relation)
+
+
+def invariant_violations(answer: Answer) -> list[str]:
+    """Which of seed 001's invariants (§9, §8bis) an answer breaks; [] when it holds them."""
+    broken = []
+    if answer.method == GRAPH_FIRST and (not answer.reads or answer.reads[0] != "graph"):
+        broken.append("I1: the vector store was read before the graph")
+    if answer.mode is Mode.REASONED:
+        if not answer.paths:
+            broken.append("I2: REASONED without a path")
+        for path in answer.paths:
+            unproven = [e for e in path.edges if not e.evidenced]
+            if unproven or not path.edges:
+                broken.append(f"I2: REASONED path {' > '.join(path.nodes)} has unproven edges")
+    planned = set(answer.plan.weights)
+    for chunk in answer.chunks:
+        if chunk.plan_weight > 0 and chunk.hit.context_id not in planned:
+            broken.append(f"I3: chunk {chunk.hit.chunk_id} weighted outside the plan")
+    return broken

@@ -1,0 +1,274 @@
+"""Read-only Cypher over the knowledge graph for `KnowledgeService.Ask` (seed 001 §5).
+
+The ingest pass workers write the graph (`pml_common.knowledge_graph` describes it); search only
+reads it, through the queries below. Every query matches `tenant_id` on every node and
+relationship it reads, so a tenant never sees another's concepts, sections or relations, and
+every value from a request reaches Neo4j as a parameter.
+
+- `concepts`: which canonical keys of a question are concepts (or topics) of the tenant, with
+  how many sections mention them (their document frequency) and their semantic degree.
+- `routes`: the sections a concept leads to: the sections that mention it (`MENTIONED_IN`, by
+  salience) and, when the key names a structural topic (a heading), the sections under it.
+  Scope only: a route is never a semantic link (seed §4).
+- `section_concepts`: the concepts mentioned in some sections, for the second routing hop.
+- `cypher_paths`: up to `PATHS_PER_PAIR` shortest paths (1 to 3 hops) between pairs of concepts
+  over the semantic relations (the fallback of GDS Yen, §5.1).
+- `edges`: the stored relations between pairs of concepts, with their evidence.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import neo4j
+
+from pml_common.knowledge_graph import SEMANTIC_RELATION_TYPES
+from pml_search.paths import Edge, Evidence
+
+#: Relation types a path may follow: the Pass 3 whitelist (a parameter of every path query).
+RELATION_TYPES = sorted(SEMANTIC_RELATION_TYPES)
+#: Paths per seed pair of the Cypher fallback (the literal of `SHORTEST 5` below; seed §8bis
+#: returns k = 5 paths).
+PATHS_PER_PAIR = 5
+#: How long the tenant's section count (the N of the document frequency) is reused.
+SECTION_COUNT_TTL_S = 30.0
+
+# One row per key that is a concept or a topic of the tenant.
+_CONCEPTS = """
+UNWIND $keys AS key
+OPTIONAL MATCH (c:CanonicalConcept {tenant_id: $tenant, canonical_name: key})
+OPTIONAL MATCH (t:Topic {tenant_id: $tenant, topic_id: key})
+WITH key, c, t
+WHERE c IS NOT NULL OR t IS NOT NULL
+RETURN key,
+       coalesce(c.name, t.name) AS name,
+       coalesce(c.concept_type, 'TOPIC') AS concept_type,
+       CASE WHEN c IS NULL THEN 0 ELSE COUNT { (c)-[:MENTIONED_IN]->() } END AS sections,
+       CASE WHEN c IS NULL THEN 0
+            ELSE COUNT { (c)-[r]-(:CanonicalConcept) WHERE type(r) IN $types } END AS degree,
+       t IS NOT NULL AS topic
+"""
+
+_SECTION_COUNT = """
+MATCH (d:Document {tenant_id: $tenant})
+RETURN coalesce(sum(d.section_count), 0) AS sections
+"""
+
+# Sections a key leads to: its mentions (most salient first) and the sections under the topic
+# it names. `weight` is the mention's salience, or the topic's share of its document.
+_ROUTES = """
+UNWIND $keys AS key
+CALL (key) {
+  MATCH (:CanonicalConcept {tenant_id: $tenant, canonical_name: key})
+        -[m:MENTIONED_IN]->(s:SectionContext {tenant_id: $tenant})
+  RETURN s, m.salience AS weight, 'mention' AS via
+  ORDER BY weight DESC
+  LIMIT $per_key
+  UNION
+  MATCH (:Topic {tenant_id: $tenant, topic_id: key})
+        <-[:HAS_TOPIC]-(d:Document {tenant_id: $tenant})
+  MATCH (s:SectionContext {tenant_id: $tenant, document_id: d.document_id})
+  WHERE key IN s.topic_ids
+  RETURN s, 1.0 AS weight, 'topic' AS via
+  LIMIT $per_key
+}
+RETURN key, s.context_id AS context_id, s.document_id AS document_id, weight, via
+"""
+
+# Concepts of some sections that lead elsewhere: mentioned in more than one section, in at most
+# `max_sections` (more is a generic hub), or naming a topic.
+_SECTION_CONCEPTS = """
+UNWIND $context_ids AS context_id
+MATCH (:SectionContext {tenant_id: $tenant, context_id: context_id})
+      <-[m:MENTIONED_IN]-(c:CanonicalConcept {tenant_id: $tenant})
+WITH context_id, c, m, COUNT { (c)-[:MENTIONED_IN]->() } AS sections,
+     EXISTS { MATCH (:Topic {tenant_id: $tenant, topic_id: c.canonical_name}) } AS topic
+WHERE (sections > 1 OR topic) AND sections <= $max_sections
+RETURN context_id, c.canonical_name AS key, m.salience AS salience, sections, topic
+"""
+
+# The Cypher fallback of GDS Yen: shortest paths by hops over the semantic relations of the
+# tenant, undirected, 1 to 3 hops (seed §5.3), up to 5 per pair.
+_CYPHER_PATHS = """
+UNWIND $pairs AS pair
+MATCH (a:CanonicalConcept {tenant_id: $tenant, canonical_name: pair[0]})
+MATCH (b:CanonicalConcept {tenant_id: $tenant, canonical_name: pair[1]})
+CALL (a, b) {
+  MATCH p = SHORTEST 5 (a)
+        ((x:CanonicalConcept)-[r WHERE r.tenant_id = $tenant AND type(r) IN $types]-
+         (y:CanonicalConcept WHERE y.tenant_id = $tenant)){1,3}
+        (b)
+  RETURN p
+}
+RETURN [n IN nodes(p) | n.canonical_name] AS nodes
+"""
+
+# Every stored semantic relation between each pair, either direction.
+_EDGES = """
+UNWIND $pairs AS pair
+MATCH (a:CanonicalConcept {tenant_id: $tenant, canonical_name: pair[0]})
+      -[r]-(b:CanonicalConcept {tenant_id: $tenant, canonical_name: pair[1]})
+WHERE type(r) IN $types AND r.tenant_id = $tenant
+RETURN DISTINCT startNode(r).canonical_name AS source, type(r) AS relation,
+       endNode(r).canonical_name AS target, r.confidence AS confidence,
+       coalesce(r.evidence_context_ids, r.evidence_ids, []) AS context_ids,
+       coalesce(r.evidence_quotes, []) AS quotes,
+       coalesce(r.evidence_document_ids, []) AS document_ids
+"""
+
+_DEGREES = """
+UNWIND $keys AS key
+MATCH (c:CanonicalConcept {tenant_id: $tenant, canonical_name: key})
+RETURN key, COUNT { (c)-[r]-(:CanonicalConcept) WHERE type(r) IN $types } AS degree
+"""
+
+
+@dataclass(frozen=True)
+class ConceptRow:
+    key: str
+    name: str
+    concept_type: str
+    sections: int  # sections mentioning it (0 for a topic that is no concept)
+    degree: int  # semantic relations
+    topic: bool  # a structural topic has this key
+
+
+@dataclass(frozen=True)
+class Route:
+    """A key leads to a section: by a mention (weight = salience) or a topic (weight 1)."""
+
+    key: str
+    context_id: str
+    document_id: str
+    weight: float
+    via: str
+
+
+@dataclass(frozen=True)
+class SectionConcept:
+    context_id: str
+    key: str
+    salience: float
+    sections: int
+    topic: bool
+
+
+class KnowledgeReads:
+    """The read queries of the knowledge graph of one Neo4j database."""
+
+    def __init__(self, driver: neo4j.AsyncDriver, database: str) -> None:
+        self._driver = driver
+        self._database = database
+        self._section_counts: dict[str, tuple[float, int]] = {}
+
+    async def concepts(self, tenant: str, keys: Sequence[str]) -> list[ConceptRow]:
+        rows = await self._read(_CONCEPTS, tenant=tenant, keys=list(keys), types=RELATION_TYPES)
+        return [
+            ConceptRow(
+                key=r["key"],
+                name=r["name"] or r["key"],
+                concept_type=r["concept_type"],
+                sections=int(r["sections"]),
+                degree=int(r["degree"]),
+                topic=bool(r["topic"]),
+            )
+            for r in rows
+        ]
+
+    async def section_count(self, tenant: str) -> int:
+        """How many sections the tenant has (cached for `SECTION_COUNT_TTL_S`)."""
+        cached = self._section_counts.get(tenant)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < SECTION_COUNT_TTL_S:
+            return cached[1]
+        rows = await self._read(_SECTION_COUNT, tenant=tenant)
+        count = int(rows[0]["sections"]) if rows else 0
+        self._section_counts[tenant] = (now, count)
+        return count
+
+    async def routes(self, tenant: str, keys: Sequence[str], per_key: int) -> list[Route]:
+        if not keys:
+            return []
+        rows = await self._read(_ROUTES, tenant=tenant, keys=list(keys), per_key=per_key)
+        return [
+            Route(r["key"], r["context_id"], r["document_id"], float(r["weight"]), r["via"])
+            for r in rows
+        ]
+
+    async def section_concepts(
+        self, tenant: str, context_ids: Sequence[str], max_sections: int
+    ) -> list[SectionConcept]:
+        if not context_ids:
+            return []
+        rows = await self._read(
+            _SECTION_CONCEPTS,
+            tenant=tenant,
+            context_ids=list(context_ids),
+            max_sections=max_sections,
+        )
+        return [
+            SectionConcept(
+                r["context_id"], r["key"], float(r["salience"]), int(r["sections"]), r["topic"]
+            )
+            for r in rows
+        ]
+
+    async def cypher_paths(
+        self, tenant: str, pairs: Sequence[tuple[str, str]]
+    ) -> list[tuple[str, ...]]:
+        """Node keys of up to `PATHS_PER_PAIR` shortest paths of each pair."""
+        if not pairs:
+            return []
+        rows = await self._read(
+            _CYPHER_PATHS, tenant=tenant, pairs=[list(p) for p in pairs], types=RELATION_TYPES
+        )
+        return [tuple(r["nodes"]) for r in rows]
+
+    async def edges(self, tenant: str, pairs: Sequence[tuple[str, str]]) -> list[Edge]:
+        """Every stored relation between each pair (either direction), with its evidence."""
+        if not pairs:
+            return []
+        rows = await self._read(
+            _EDGES, tenant=tenant, pairs=[list(p) for p in pairs], types=RELATION_TYPES
+        )
+        return [_edge(r) for r in rows]
+
+    async def degrees(self, tenant: str, keys: Sequence[str]) -> dict[str, int]:
+        if not keys:
+            return {}
+        rows = await self._read(_DEGREES, tenant=tenant, keys=list(keys), types=RELATION_TYPES)
+        return {r["key"]: int(r["degree"]) for r in rows}
+
+    async def read(self, query: str, **params: Any) -> list[neo4j.Record]:
+        """Another read-only query (GDS procedures, see `pml_search.gds`)."""
+        return await self._read(query, **params)
+
+    async def _read(self, query: str, **params: Any) -> list[neo4j.Record]:
+        records, _, _ = await self._driver.execute_query(
+            query, params, database_=self._database, routing_=neo4j.RoutingControl.READ
+        )
+        return list(records)
+
+
+def _edge(row: Any) -> Edge:
+    context_ids = list(row["context_ids"] or [])
+    quotes = list(row["quotes"] or [])
+    documents = list(row["document_ids"] or [])
+    evidence = tuple(
+        Evidence(
+            context_id=str(context_id),
+            quote=str(quotes[i]) if i < len(quotes) else "",
+            document_id=str(documents[i]) if i < len(documents) else "",
+        )
+        for i, context_id in enumerate(context_ids)
+    )
+    return Edge(
+        source=row["source"],
+        relation=row["relation"],
+        target=row["target"],
+        confidence=float(row["confidence"] or 0.0),
+        evidence=evidence,
+    )

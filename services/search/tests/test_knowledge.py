@@ -1,0 +1,402 @@
+"""Graph-first Ask in-process against the real Neo4j, Redis and an embedded vector store.
+
+The graph is written here by hand in the model of seed 001 §3 (what the ingest passes write,
+see `pml_common.knowledge_graph`), so that shapes ingestion never makes can be planted: a
+relation without evidence forming a shorter path than the evidenced one, which the runtime must
+never reason on (invariant I2, "No Spurious Edge"). The real pipeline is exercised end to end by
+tests/e2e/test_knowledge.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import neo4j
+import pytest
+
+from pml_common.concepts import canonical_key
+from pml_common.context_id import make_context_id
+from pml_common.embedding import build_embedder
+from pml_common.events import ChunkPayload
+from pml_common.settings import Settings
+from pml_search.chunk_index import ChunkIndex
+from pml_search.gds import GdsPaths
+from pml_search.knowledge import CYPHER, GDS_YEN, KnowledgeEngine, invariant_violations
+from pml_search.knowledge_reads import KnowledgeReads
+from pml_search.paths import Mode
+from pml_search.vector_store import QdrantVectorStore
+
+QUESTION = (
+    "What is the process of transformation of a commercial proposal into an executable contract?"
+)
+EVIDENCED_PATH = (
+    "commercial proposal",
+    "solution quotation management",
+    "service contract execution",
+    "executable contract",
+)
+
+
+@dataclass(frozen=True)
+class Doc:
+    doc_id: str
+    title: str
+    sections: dict[str, str]  # heading -> text
+    mentions: dict[str, dict[str, float]]  # heading -> concept name -> salience
+
+
+DOCS = (
+    Doc(
+        "quotation",
+        "Solution Quotation Management",
+        {
+            "Offers": "Solution Quotation Management prepares the commercial proposal. "
+            "The commercial proposal is part of Solution Quotation Management.",
+            "Approval": "A commercial proposal is part of Solution Quotation Management until "
+            "it is signed.",
+        },
+        {
+            "Offers": {"Solution Quotation Management": 0.9, "commercial proposal": 0.8},
+            "Approval": {"Solution Quotation Management": 0.7, "commercial proposal": 0.9},
+        },
+    ),
+    Doc(
+        "contract",
+        "Service Contract Execution",
+        {
+            "Scope": "Service Contract Execution requires Solution Quotation Management. "
+            "The executable contract is part of Service Contract Execution.",
+            "Operations": "Service Contract Execution requires Solution Quotation Management "
+            "again. Every executable contract is part of Service Contract Execution.",
+        },
+        {
+            "Scope": {
+                "Service Contract Execution": 0.9,
+                "Solution Quotation Management": 0.5,
+                "executable contract": 0.6,
+            },
+            "Operations": {
+                "Service Contract Execution": 0.9,
+                "Solution Quotation Management": 0.5,
+                "executable contract": 0.6,
+            },
+        },
+    ),
+    Doc(
+        "digital",
+        "Digital Transformation",
+        {
+            "Process": "Digital Transformation is the process of transformation of a company: "
+            "the transformation process changes every process, proposal and contract.",
+        },
+        {"Process": {"Digital Transformation": 0.9, "transformation": 0.8, "process": 0.7}},
+    ),
+    Doc(
+        "cloud",
+        "AI-assisted Cloud Transformation",
+        {
+            "Overview": "AI-assisted Cloud Transformation is the process of transformation of "
+            "legacy systems; each transformation step is planned by AI.",
+        },
+        {"Overview": {"AI-assisted Cloud Transformation": 0.9, "transformation": 0.7}},
+    ),
+)
+
+#: (source, type, target, evidence headings as (doc, heading), quote)
+RELATIONS = (
+    (
+        "commercial proposal",
+        "PART_OF",
+        "Solution Quotation Management",
+        [("quotation", "Offers"), ("quotation", "Approval")],
+        "The commercial proposal is part of Solution Quotation Management.",
+    ),
+    (
+        "Service Contract Execution",
+        "REQUIRES",
+        "Solution Quotation Management",
+        [("contract", "Scope"), ("contract", "Operations")],
+        "Service Contract Execution requires Solution Quotation Management.",
+    ),
+    (
+        "executable contract",
+        "PART_OF",
+        "Service Contract Execution",
+        [("contract", "Scope"), ("contract", "Operations")],
+        "The executable contract is part of Service Contract Execution.",
+    ),
+)
+#: Relations nobody proved: a two-hop shortcut through "digital transformation".
+UNPROVEN = (
+    ("commercial proposal", "ENABLES", "Digital Transformation"),
+    ("Digital Transformation", "ENABLES", "executable contract"),
+)
+
+
+def section_path(doc: Doc, heading: str) -> str:
+    return f"{doc.title} / {heading}"
+
+
+def context_of(doc_id: str, heading: str) -> str:
+    doc = next(d for d in DOCS if d.doc_id == doc_id)
+    return make_context_id(doc_id, section_path(doc, heading))
+
+
+async def write(driver: neo4j.AsyncDriver, query: str, **params: Any) -> None:
+    await driver.execute_query(query, params)
+
+
+async def build_graph(driver: neo4j.AsyncDriver, tenant: str, unproven: bool = True) -> None:
+    for doc in DOCS:
+        await write(
+            driver,
+            "MERGE (d:Document {tenant_id: $t, document_id: $doc}) "
+            "SET d.title = $title, d.section_count = $n",
+            t=tenant,
+            doc=doc.doc_id,
+            title=doc.title,
+            n=len(doc.sections),
+        )
+        topic = canonical_key(doc.title)
+        await write(
+            driver,
+            "MATCH (d:Document {tenant_id: $t, document_id: $doc}) "
+            "MERGE (x:Topic {tenant_id: $t, topic_id: $topic}) SET x.name = $title "
+            "MERGE (d)-[h:HAS_TOPIC {tenant_id: $t}]->(x) SET h.salience = 1.0",
+            t=tenant,
+            doc=doc.doc_id,
+            topic=topic,
+            title=doc.title,
+        )
+        for heading, text in doc.sections.items():
+            path = section_path(doc, heading)
+            await write(
+                driver,
+                "MATCH (d:Document {tenant_id: $t, document_id: $doc}) "
+                "MERGE (s:SectionContext {tenant_id: $t, context_id: $cid}) "
+                "SET s.document_id = $doc, s.section_path = $path, s.text = $text, "
+                "s.topic_ids = [$topic] "
+                "MERGE (s)-[:IN_DOC {tenant_id: $t}]->(d)",
+                t=tenant,
+                doc=doc.doc_id,
+                cid=make_context_id(doc.doc_id, path),
+                path=path,
+                text=text,
+                topic=topic,
+            )
+            for name, salience in doc.mentions[heading].items():
+                await write(
+                    driver,
+                    "MATCH (s:SectionContext {tenant_id: $t, context_id: $cid}) "
+                    "MERGE (c:CanonicalConcept {tenant_id: $t, canonical_name: $key}) "
+                    "SET c.name = $name, c.concept_type = 'CONCEPT' "
+                    "MERGE (c)-[m:MENTIONED_IN {tenant_id: $t}]->(s) "
+                    "SET m.salience = $salience, m.document_id = $doc",
+                    t=tenant,
+                    cid=make_context_id(doc.doc_id, path),
+                    key=canonical_key(name),
+                    name=name,
+                    salience=salience,
+                    doc=doc.doc_id,
+                )
+    for source, rtype, target, where, quote in RELATIONS:
+        contexts = [context_of(d, h) for d, h in where]
+        await relate(driver, tenant, source, rtype, target, contexts, [quote] * len(contexts))
+    if unproven:
+        for source, rtype, target in UNPROVEN:
+            await relate(driver, tenant, source, rtype, target, [], [], confidence=0.95)
+
+
+async def relate(
+    driver: neo4j.AsyncDriver,
+    tenant: str,
+    source: str,
+    rtype: str,
+    target: str,
+    contexts: Sequence[str],
+    quotes: Sequence[str],
+    confidence: float = 0.7,
+) -> None:
+    # Test data only: the relation type comes from the constants above, never from input.
+    await write(
+        driver,
+        "MATCH (a:CanonicalConcept {tenant_id: $t, canonical_name: $a}) "
+        "MATCH (b:CanonicalConcept {tenant_id: $t, canonical_name: $b}) "
+        f"MERGE (a)-[r:{rtype}]->(b) "
+        "SET r.tenant_id = $t, r.relation_type = $rtype, r.confidence = $confidence, "
+        "r.evidence_context_ids = $contexts, r.evidence_ids = $contexts, "
+        "r.evidence_quotes = $quotes, r.evidence_document_ids = $docs",
+        t=tenant,
+        a=canonical_key(source),
+        b=canonical_key(target),
+        rtype=rtype,
+        confidence=confidence,
+        contexts=list(contexts),
+        quotes=list(quotes),
+        docs=[c.split(":")[1] for c in contexts],
+    )
+
+
+async def index_chunks(index: ChunkIndex, tenant: str) -> None:
+    for doc in DOCS:
+        chunks = []
+        for heading, text in doc.sections.items():
+            path = section_path(doc, heading)
+            cid = make_context_id(doc.doc_id, path)
+            chunks.append(
+                ChunkPayload(
+                    chunk_id=f"{cid}:0",
+                    context_id=cid,
+                    section_path=path,
+                    text=text,
+                    char_start=0,
+                    char_end=len(text),
+                )
+            )
+        await index.index_document(tenant, doc.doc_id, chunks)
+
+
+class RecordedGds:
+    """A GDS reader that answers like the plugin: Yen rows recorded for this graph."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+        self.queries: list[str] = []
+
+    async def __call__(self, query: str, **params: Any) -> list[dict[str, Any]]:
+        self.queries.append(query)
+        if "SHOW PROCEDURES" in query:
+            return [{"found": 1}]
+        if "gds.graph.project" in query:
+            return [{"nodes": 5, "relationships": 10}]
+        if "gds.shortestPath.yens.stream" in query:
+            return self.rows
+        return []
+
+
+@pytest.fixture
+async def engine(settings: Settings, redis, graph_db) -> AsyncIterator[KnowledgeEngine]:
+    store = QdrantVectorStore.from_settings(settings)
+    chunks = ChunkIndex(store, build_embedder(settings, redis))
+    await chunks.start()
+    reads = KnowledgeReads(graph_db, settings.neo4j_database)
+    yield KnowledgeEngine(reads, GdsPaths(reads.read, "test"), chunks)
+    await store.close()
+
+
+@pytest.fixture
+async def built(engine: KnowledgeEngine, graph_db, tenant: str) -> str:
+    await build_graph(graph_db, tenant)
+    await index_chunks(engine.chunks, tenant)
+    return tenant
+
+
+async def test_reasoned_answer_follows_the_evidenced_path_not_the_unproven_shortcut(
+    engine: KnowledgeEngine, built: str
+) -> None:
+    answer = await engine.ask(built, QUESTION, 4, "graph-first")
+    assert answer.mode is Mode.REASONED
+    assert answer.path_finder == CYPHER  # community Neo4j here: no GDS
+    assert {"commercial proposal", "executable contract"} <= {s.key for s in answer.seeds}
+    [path] = answer.paths
+    # Path Recovery: exactly the chain stored in Neo4j, edge by edge.
+    assert path.nodes == EVIDENCED_PATH
+    assert [(e.source, e.relation, e.target) for e in path.edges] == [
+        ("commercial proposal", "PART_OF", "solution quotation management"),
+        ("service contract execution", "REQUIRES", "solution quotation management"),
+        ("executable contract", "PART_OF", "service contract execution"),
+    ]
+    # Evidence Alignment and No Spurious Edge: every REASONED edge has evidence; the shorter
+    # unproven shortcut through "digital transformation" is never a path.
+    assert all(e.evidenced and len(e.evidence) == 2 for e in path.edges)
+    assert path.evidence_coverage == 1.0
+    assert invariant_violations(answer) == []
+    # The evidence chunks are the path's sections, not the "transformation" documents.
+    assert {c.hit.document_id for c in answer.chunks[:3]} <= {"quotation", "contract"}
+    evidence_sections = set(path.context_ids())
+    assert evidence_sections <= set(answer.plan.weights)
+    assert all(c.hit.context_id in answer.plan.weights for c in answer.chunks)
+
+
+async def test_vector_only_is_pulled_to_the_transformation_documents(
+    engine: KnowledgeEngine, built: str
+) -> None:
+    answer = await engine.ask(built, QUESTION, 2, "vector")
+    assert answer.mode is Mode.TEXT_ONLY and answer.reads == ["vector"]
+    assert answer.seeds == [] and answer.paths == []
+    assert {c.hit.document_id for c in answer.chunks} & {"digital", "cloud"}
+
+
+async def test_unproven_relations_alone_never_make_an_answer_reasoned(
+    engine: KnowledgeEngine, graph_db, tenant: str
+) -> None:
+    await build_graph(graph_db, tenant)
+    await index_chunks(engine.chunks, tenant)
+    # Only the unproven shortcut joins these two: the answer is anchored, not reasoned.
+    question = "How does digital transformation relate to an executable contract?"
+    answer = await engine.ask(tenant, question, 4, "graph-first")
+    assert answer.mode is Mode.ANCHORED
+    assert answer.paths == []
+    assert invariant_violations(answer) == []
+    assert answer.chunks and all(c.hit.context_id for c in answer.chunks)
+
+
+async def test_modes_degrade_gracefully(engine: KnowledgeEngine, built: str) -> None:
+    anchored = await engine.ask(built, "Tell me about AI-assisted cloud transformation", 3, "")
+    assert anchored.mode is Mode.ANCHORED
+    assert anchored.chunks[0].hit.document_id == "cloud"
+    assert anchored.chunks[0].plan_weight > 0
+    nothing = await engine.ask(built, "Zebras graze quietly at dawn", 3, "graph-first")
+    assert nothing.mode is Mode.TEXT_ONLY
+    assert nothing.reads == ["graph", "vector"]  # I1: the graph was asked first, even here
+    assert nothing.seeds == [] and not nothing.plan
+    assert len(nothing.chunks) == 3 and all(c.plan_weight == 0 for c in nothing.chunks)
+    for answer in (anchored, nothing):
+        assert invariant_violations(answer) == []
+        assert [s for s, _ in answer.stages.timings] == [
+            "seeds",
+            "paths",
+            "plan",
+            "embed",
+            "vector",
+        ]
+
+
+async def test_tenants_never_see_each_other(engine: KnowledgeEngine, built: str) -> None:
+    other = f"{built}-other"
+    answer = await engine.ask(other, QUESTION, 4, "graph-first")
+    assert answer.mode is Mode.TEXT_ONLY
+    assert answer.seeds == [] and answer.paths == [] and answer.chunks == []
+
+
+async def test_gds_yen_rows_drive_the_same_scoring_and_selection(
+    engine: KnowledgeEngine, built: str
+) -> None:
+    """GDS cannot run on this machine's community Neo4j: the plugin's rows for this graph are
+    recorded, and everything after them (edges, §8bis score, selection, plan) runs for real."""
+    rows = [
+        {
+            "source": "commercial proposal",
+            "target": "executable contract",
+            "index": 1,
+            "totalCost": 0.1,
+            "nodes": ["commercial proposal", "digital transformation", "executable contract"],
+        },
+        {
+            "source": "commercial proposal",
+            "target": "executable contract",
+            "index": 2,
+            "totalCost": 1.07,
+            "nodes": list(EVIDENCED_PATH),
+        },
+    ]
+    recorded = RecordedGds(rows)
+    engine.gds = GdsPaths(recorded, "test")
+    answer = await engine.ask(built, QUESTION, 4, "graph-first")
+    assert answer.path_finder == GDS_YEN
+    assert [p.nodes for p in answer.paths] == [EVIDENCED_PATH]  # the unproven one is rejected
+    assert answer.mode is Mode.REASONED
+    assert invariant_violations(answer) == []
+    assert sum("gds.graph.project" in q for q in recorded.queries) == 1
