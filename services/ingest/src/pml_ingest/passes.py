@@ -140,6 +140,9 @@ class ChunkingPass:
 
     def __init__(self, runtime: PassRuntime) -> None:
         self.rt = runtime
+        # The three subscriptions run concurrently; a deletion must not interleave with the
+        # writes of a submission (of the same document or tenant) in this process.
+        self._serial = asyncio.Lock()
 
     def subscribe(self, bus: EventBus) -> None:
         bus.subscribe(DocumentSubmitted, group_of(self.name), self.on_submitted)
@@ -147,6 +150,10 @@ class ChunkingPass:
         bus.subscribe(TenantDeleted, group_of(self.name), self.on_tenant_deleted)
 
     async def on_submitted(self, event: DocumentSubmitted) -> None:
+        async with self._serial:
+            await self._submitted(event)
+
+    async def _submitted(self, event: DocumentSubmitted) -> None:
         tenant, doc = event.tenant_id, event.document_id
         chash = content_hash(event.title, event.text, event.format)
         await self.rt.status.ensure(tenant, doc, chash, event.title)
@@ -209,6 +216,10 @@ class ChunkingPass:
         log.info("ingest.chunked", tenant=tenant, document_id=doc, sections=len(sections))
 
     async def on_deleted(self, event: DocumentDeleted) -> None:
+        async with self._serial:
+            await self._deleted(event)
+
+    async def _deleted(self, event: DocumentDeleted) -> None:
         with _tracer.start_as_current_span(
             "ingest.delete",
             attributes={"pml.tenant_id": event.tenant_id, "pml.document_id": event.document_id},
@@ -220,8 +231,9 @@ class ChunkingPass:
         log.info("ingest.deleted", tenant=event.tenant_id, document_id=event.document_id)
 
     async def on_tenant_deleted(self, event: TenantDeleted) -> None:
-        nodes = await self.rt.store.delete_tenant(event.tenant_id)
-        documents = await self.rt.status.forget_tenant(event.tenant_id)
+        async with self._serial:
+            nodes = await self.rt.store.delete_tenant(event.tenant_id)
+            documents = await self.rt.status.forget_tenant(event.tenant_id)
         log.info("ingest.tenant_deleted", tenant=event.tenant_id, nodes=nodes, documents=documents)
 
 
