@@ -18,6 +18,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from pml_common.neo4j_tracing import instrument_neo4j
 from pml_common.settings import Settings, redis_credentials
 
 # Redis: a dropped connection (server restart, idle timeout by a proxy) is retried a few times
@@ -75,8 +76,10 @@ def neo4j_auth(settings: Settings) -> tuple[str, str] | None:
 def neo4j_driver(settings: Settings) -> neo4j.AsyncDriver:
     """Async Neo4j driver that fails fast when the server is unavailable.
 
-    Queries should pass `database_=settings.neo4j_database` (the driver has no default).
+    Queries should pass `database_=settings.neo4j_database` (the driver has no default). Every
+    query it sends is traced (`neo4j_tracing`).
     """
+    instrument_neo4j(settings.neo4j_database)
     return neo4j.AsyncGraphDatabase.driver(
         settings.neo4j_uri,
         auth=neo4j_auth(settings),
