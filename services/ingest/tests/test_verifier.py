@@ -190,3 +190,26 @@ async def test_llm_abstain_and_garbage_give_abstain(llm) -> None:
     for answer in ('{"abstain": true}', "ABSTAIN", "not json {", '{"relation_type": "REQUIRES"}'):
         verifier, _ = llm(answer)
         assert await verifier.verify(QUOTATION, CONTRACT, SECTION) is None
+
+
+async def test_a_mention_inside_a_longer_name_is_no_mention() -> None:
+    text = (
+        "The Journal of Applied Physics is a type of scientific journal. "
+        "Applied Physics is part of the University of Wisconsin Press."
+    )
+    section = SectionEvidence("s", "d", "P", text)
+    physics, journal = Concept("physic", "Physics"), Concept("scientific journal", "journal")
+    assert await RuleVerifier().verify(physics, journal, section) is None
+    wisconsin = Concept("wisconsin", "Wisconsin")
+    assert await RuleVerifier().verify(Concept("applied physic", "x"), wisconsin, section) is None
+    whole = Concept("journal of applied physic", "Journal of Applied Physics")
+    verdict = await RuleVerifier().verify(whole, journal, section)
+    assert verdict is not None and verdict.relation_type == "EXAMPLE_OF"
+
+
+async def test_a_bare_copula_is_no_relation_cue() -> None:
+    section = SectionEvidence("s", "d", "P", "Glory is a 1989 American war film.")
+    assert (
+        await RuleVerifier().verify(Concept("glory", "Glory"), Concept("american", "x"), section)
+        is None
+    )

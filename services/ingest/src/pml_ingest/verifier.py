@@ -9,7 +9,9 @@ propose, never decide.
 
 - `RuleVerifier` (the default, no LLM): a sentence of the section naming both concepts with a
   relation cue between them (`CUES`, English and French), at most `MAX_FILLER` other words in
-  between; the quote is that sentence, verbatim.
+  between, neither mention being only part of a longer name ("Physics" in "Journal of Applied
+  Physics"); the quote is that sentence, verbatim. A bare copula ("X is a Y") is no cue: in
+  encyclopedic text it mostly links a subject to an adjective of its description.
 - `LlmVerifier`: asks an OpenAI-compatible chat endpoint for a JSON proposal or ABSTAIN.
 """
 
@@ -24,7 +26,7 @@ from typing import Any, Protocol
 import httpx
 import structlog
 
-from pml_common.concepts import singular, words
+from pml_common.concepts import FUNCTION_WORDS, singular, words
 from pml_common.knowledge_graph import SEMANTIC_RELATION_TYPES
 from pml_common.settings import Settings
 
@@ -120,12 +122,6 @@ CUES: tuple[tuple[str, str, bool], ...] = (
     ("est un exemple de", "EXAMPLE_OF", False),
     ("est un type de", "EXAMPLE_OF", False),
     ("tel que", "EXAMPLE_OF", True),
-    ("is a", "EXAMPLE_OF", False),
-    ("is an", "EXAMPLE_OF", False),
-    ("was a", "EXAMPLE_OF", False),
-    ("was an", "EXAMPLE_OF", False),
-    ("est un", "EXAMPLE_OF", False),
-    ("est une", "EXAMPLE_OF", False),
     ("is governed by", "GOVERNED_BY", False),
     ("governed by", "GOVERNED_BY", False),
     ("is regulated by", "GOVERNED_BY", False),
@@ -152,10 +148,44 @@ STRONG_MARKERS = (
 STRONG_HEADINGS = ("glossary", "definition", "glossaire", "norme", "standard", "specification")
 
 _SENTENCE = re.compile(r"[^.!?\n]+(?:[.!?]+|$)")
+_RAW_WORD = re.compile(r"[^\W_]+")
+_OWNED = re.compile(r"['’]s\b")
+_ELIDED = re.compile(r"\b(?:[Qq]u|[LlDdJjMmNnTtCcSs])['’]")
+#: Words that join a name to its complement ("of", "de"...).
+_NAME_LINKS = frozenset({"of", "de", "du", "des", "d"})
 
 
 def _keyed(text: str) -> list[str]:
     return [singular(w) for w in words(text)]
+
+
+def _cased_words(sentence: str) -> list[str]:
+    """The sentence's words as written (possessives and elisions dropped like `fold` does),
+    one per folded word, so that index i here is index i of `_keyed(sentence)`."""
+    cased: list[str] = []
+    for raw in _RAW_WORD.findall(_ELIDED.sub(" ", _OWNED.sub("", sentence))):
+        cased.extend([raw] * len(words(raw)))
+    return cased
+
+
+def _embedded(cased: Sequence[str], keyed: Sequence[str], start: int, end: int) -> bool:
+    """Whether words [start, end) are only part of a longer name: "Physics" inside "Journal of
+    Applied Physics", "Wisconsin" inside "University of Wisconsin Press"."""
+    before = start - 1
+    if before >= 0 and keyed[before] in _NAME_LINKS:
+        before -= 1  # "... of X": look at the word the link hangs from
+    if before >= 0 and _is_name_word(cased[before], keyed[before]) and before + 1 < start:
+        return True  # "Journal of | Physics"
+    if start > 0 and _is_name_word(cased[start - 1], keyed[start - 1]) and start - 1 > 0:
+        return True  # "Applied | Physics" (a sentence's first word is capitalised anyway)
+    after = end
+    if after < len(keyed) and keyed[after] in _NAME_LINKS:
+        after += 1
+    return after < len(keyed) and after > end and _is_name_word(cased[after], keyed[after])
+
+
+def _is_name_word(cased: str, keyed: str) -> bool:
+    return cased[:1].isupper() and keyed not in FUNCTION_WORDS
 
 
 _CUE_WORDS = sorted(
@@ -281,9 +311,18 @@ class RuleVerifier:
         self, a: Concept, b: Concept, sentence: str, section: SectionEvidence
     ) -> Verdict | None:
         tokens = _keyed(sentence)
+        cased = _cased_words(sentence)
+        if len(cased) != len(tokens):  # unusual scripts: no case information to rely on
+            cased = tokens
         a_words, b_words = a.key.split(), b.key.split()
-        for ia in _find(tokens, a_words):
-            for ib in _find(tokens, b_words):
+        a_at = [
+            i for i in _find(tokens, a_words) if not _embedded(cased, tokens, i, i + len(a_words))
+        ]
+        b_at = [
+            i for i in _find(tokens, b_words) if not _embedded(cased, tokens, i, i + len(b_words))
+        ]
+        for ia in a_at:
+            for ib in b_at:
                 if ia < ib:
                     first, second, lo, hi = a, b, ia + len(a_words), ib
                 else:
