@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pml_common.concepts import is_stop_concept
-from pml_search.knowledge_reads import ConceptRow, Route, SectionConcept
+from pml_search.knowledge_reads import Bridge, ConceptRow, Route
 from pml_search.paths import Path
 
 MAX_SEEDS = 12
@@ -122,7 +122,7 @@ def anchor_scores(
 
 def bridge_keys(
     hop1: Mapping[str, float],
-    concepts: Iterable[SectionConcept],
+    bridges: Iterable[Bridge],
     seeds: Sequence[Seed],
     total_sections: int,
 ) -> dict[str, float]:
@@ -130,18 +130,17 @@ def bridge_keys(
     they are followed at: max over sections of section weight × salience, × specificity."""
     named = {s.key for s in seeds}
     strength: dict[str, float] = {}
-    for concept in concepts:
-        if concept.key in named or is_stop_concept(concept.key):
+    for bridge in bridges:
+        if bridge.key in named or is_stop_concept(bridge.key):
             continue
-        if any(_contained(concept.key, k) or _contained(k, concept.key) for k in named):
+        if any(_contained(bridge.key, k) or _contained(k, bridge.key) for k in named):
             continue
-        value = (
-            hop1.get(concept.context_id, 0.0)
-            * concept.salience
-            * specificity(concept.sections, total_sections)
+        value = max(
+            (hop1.get(c, 0.0) * salience for c, salience in bridge.seen_in.items()), default=0.0
         )
-        if value > strength.get(concept.key, 0.0):
-            strength[concept.key] = value
+        value *= specificity(bridge.sections, total_sections)
+        if value > 0:
+            strength[bridge.key] = value
     best = sorted(strength.items(), key=lambda kv: (-kv[1], kv[0]))[:BRIDGE_CONCEPTS]
     return dict(best)
 

@@ -38,7 +38,7 @@ from pml_search import evidence_plan as planning
 from pml_search.chunk_index import ChunkHit, ChunkIndex
 from pml_search.evidence_plan import EvidencePlan, Seed
 from pml_search.gds import GdsPaths
-from pml_search.knowledge_reads import PATHS_PER_PAIR, KnowledgeReads
+from pml_search.knowledge_reads import PATHS_PER_PAIR, KnowledgeReads, Route
 from pml_search.paths import MAX_HOPS, Edge, Mode, Path, answer_mode, build_path, select_paths
 
 _tracer = trace.get_tracer("pml_search.knowledge")
@@ -144,7 +144,7 @@ class KnowledgeEngine:
         with stages.stage("seeds") as span:
             answer.reads.append("graph")
             keys = ngram_keys(question)
-            rows = await self.reads.concepts(tenant, keys)
+            rows, routes = await self.reads.anchors(tenant, keys, planning.ROUTES_PER_KEY)
             total = await self.reads.section_count(tenant)
             answer.seeds = planning.seeds_of(rows, total)
             span.set_attribute("pml.seeds", len(answer.seeds))
@@ -154,7 +154,7 @@ class KnowledgeEngine:
             span.set_attribute("pml.paths", len(answer.paths))
             span.set_attribute("pml.path_finder", answer.path_finder)
         with stages.stage("plan") as span:
-            answer.plan = await self._plan(tenant, answer.seeds, answer.paths, total)
+            answer.plan = await self._plan(tenant, answer.seeds, routes, answer.paths, total)
             span.set_attribute("pml.plan_sections", len(answer.plan.weights))
         answer.mode = answer_mode(answer.paths, anchored=bool(answer.plan))
         with stages.stage("embed"):
@@ -195,24 +195,27 @@ class KnowledgeEngine:
         return select_paths(built)
 
     async def _plan(
-        self, tenant: str, seeds: Sequence[Seed], paths: Sequence[Path], total: int
+        self,
+        tenant: str,
+        seeds: Sequence[Seed],
+        routes: Sequence[Route],
+        paths: Sequence[Path],
+        total: int,
     ) -> EvidencePlan:
+        """Anchoring (the seeds' routes), bridging (hop 2) and the paths' evidence."""
         documents: dict[str, str] = {}
         seed_weights = {s.key: s.weight for s in seeds}
-        routes = await self.reads.routes(tenant, list(seed_weights), planning.ROUTES_PER_KEY)
         hop1 = planning.anchor_scores(routes, seed_weights, documents)
         best = planning.top_sections(hop1, planning.BRIDGE_SECTIONS)
-        concepts = await self.reads.section_concepts(tenant, best, planning.MAX_BRIDGE_SECTIONS)
-        bridges = planning.bridge_keys(hop1, concepts, seeds, total)
+        bridges = await self.reads.bridges(
+            tenant, best, planning.MAX_BRIDGE_SECTIONS, planning.ROUTES_PER_KEY
+        )
+        followed = planning.bridge_keys(hop1, bridges, seeds, total)
+        hop2_routes = [r for b in bridges if b.key in followed for r in b.routes]
+        hop2 = planning.anchor_scores(hop2_routes, followed, documents)
         inner = {n: 1.0 for p in paths for n in p.nodes[1:-1] if n not in seed_weights}
-        followed = {**bridges, **{k: v for k, v in inner.items() if k not in bridges}}
-        hop2_routes = await self.reads.routes(tenant, list(followed), planning.ROUTES_PER_KEY)
-        hop2 = planning.anchor_scores(
-            [r for r in hop2_routes if r.key in bridges], bridges, documents
-        )
-        path_routes = planning.anchor_scores(
-            [r for r in hop2_routes if r.key in inner], inner, documents
-        )
+        inner_routes = await self.reads.routes(tenant, list(inner), planning.ROUTES_PER_KEY)
+        path_routes = planning.anchor_scores(inner_routes, inner, documents)
         return planning.combine(hop1, hop2, paths, path_routes, documents)
 
     async def _evidence_chunks(

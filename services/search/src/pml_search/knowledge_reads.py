@@ -5,12 +5,13 @@ reads it, through the queries below. Every query matches `tenant_id` on every no
 relationship it reads, so a tenant never sees another's concepts, sections or relations, and
 every value from a request reaches Neo4j as a parameter.
 
-- `concepts`: which canonical keys of a question are concepts (or topics) of the tenant, with
-  how many sections mention them (their document frequency) and their semantic degree.
-- `routes`: the sections a concept leads to: the sections that mention it (`MENTIONED_IN`, by
-  salience) and, when the key names a structural topic (a heading), the sections under it.
-  Scope only: a route is never a semantic link (seed §4).
-- `section_concepts`: the concepts mentioned in some sections, for the second routing hop.
+- `anchors`: which canonical keys of a question are concepts (or topics) of the tenant, with
+  how many sections mention them (their document frequency), their semantic degree and their
+  routes: the sections that mention them (`MENTIONED_IN`, by salience) and, when the key names
+  a structural topic (a heading), the sections under it. Scope only: a route is never a
+  semantic link (seed §4).
+- `bridges`: the concepts mentioned in some sections, with their routes (the second hop).
+- `routes`: the routes of given keys (the inner concepts of paths).
 - `cypher_paths`: up to `PATHS_PER_PAIR` shortest paths (1 to 3 hops) between pairs of concepts
   over the semantic relations (the fallback of GDS Yen, §5.1).
 - `edges`: the stored relations between pairs of concepts, with their evidence.
@@ -36,32 +37,10 @@ PATHS_PER_PAIR = 5
 #: How long the tenant's section count (the N of the document frequency) is reused.
 SECTION_COUNT_TTL_S = 30.0
 
-# One row per key that is a concept or a topic of the tenant.
-_CONCEPTS = """
-UNWIND $keys AS key
-OPTIONAL MATCH (c:CanonicalConcept {tenant_id: $tenant, canonical_name: key})
-OPTIONAL MATCH (t:Topic {tenant_id: $tenant, topic_id: key})
-WITH key, c, t
-WHERE c IS NOT NULL OR t IS NOT NULL
-RETURN key,
-       coalesce(c.name, t.name) AS name,
-       coalesce(c.concept_type, 'TOPIC') AS concept_type,
-       CASE WHEN c IS NULL THEN 0 ELSE COUNT { (c)-[:MENTIONED_IN]->() } END AS sections,
-       CASE WHEN c IS NULL THEN 0
-            ELSE COUNT { (c)-[r]-(:CanonicalConcept) WHERE type(r) IN $types } END AS degree,
-       t IS NOT NULL AS topic
-"""
-
-_SECTION_COUNT = """
-MATCH (d:Document {tenant_id: $tenant})
-RETURN coalesce(sum(d.section_count), 0) AS sections
-"""
-
-# Sections a key leads to: its mentions (most salient first) and the sections under the topic
-# it names. `weight` is the mention's salience, or the topic's share of its document.
-_ROUTES = """
-UNWIND $keys AS key
-CALL (key) {
+# The sections a concept key leads to, for a `key` in scope: its mentions (most salient first)
+# and the sections under the topic it names. `weight` is the mention's salience, or 1 for a
+# section under the topic. Scope only: a route is never a semantic link (seed §4).
+_ROUTES_OF_KEY = """
   MATCH (:CanonicalConcept {tenant_id: $tenant, canonical_name: key})
         -[m:MENTIONED_IN]->(s:SectionContext {tenant_id: $tenant})
   RETURN s, m.salience AS weight, 'mention' AS via
@@ -74,20 +53,61 @@ CALL (key) {
   WHERE key IN s.topic_ids
   RETURN s, 1.0 AS weight, 'topic' AS via
   LIMIT $per_key
-}
+"""
+
+_ROUTE = "{context_id: s.context_id, document_id: s.document_id, weight: weight, via: via}"
+
+# The keys that are concepts or topics of the tenant, each with its routes (one round trip).
+_ANCHORS = f"""
+UNWIND $keys AS key
+OPTIONAL MATCH (c:CanonicalConcept {{tenant_id: $tenant, canonical_name: key}})
+OPTIONAL MATCH (t:Topic {{tenant_id: $tenant, topic_id: key}})
+WITH key, c, t
+WHERE c IS NOT NULL OR t IS NOT NULL
+OPTIONAL CALL (key) {{
+{_ROUTES_OF_KEY}
+}}
+WITH key, c, t, collect(CASE WHEN s IS NULL THEN null ELSE {_ROUTE} END) AS routes
+RETURN key,
+       coalesce(c.name, t.name) AS name,
+       coalesce(c.concept_type, 'TOPIC') AS concept_type,
+       CASE WHEN c IS NULL THEN 0 ELSE COUNT {{ (c)-[:MENTIONED_IN]->() }} END AS sections,
+       CASE WHEN c IS NULL THEN 0
+            ELSE COUNT {{ (c)-[r]-(:CanonicalConcept) WHERE type(r) IN $types }} END AS degree,
+       t IS NOT NULL AS topic,
+       routes
+"""
+
+_SECTION_COUNT = """
+MATCH (d:Document {tenant_id: $tenant})
+RETURN coalesce(sum(d.section_count), 0) AS sections
+"""
+
+# Routes of given keys (the inner concepts of paths).
+_ROUTES = f"""
+UNWIND $keys AS key
+CALL (key) {{
+{_ROUTES_OF_KEY}
+}}
 RETURN key, s.context_id AS context_id, s.document_id AS document_id, weight, via
 """
 
-# Concepts of some sections that lead elsewhere: mentioned in more than one section, in at most
-# `max_sections` (more is a generic hub), or naming a topic.
-_SECTION_CONCEPTS = """
+# The concepts of some sections that lead elsewhere (mentioned in more than one section, in at
+# most `max_sections`: more is a generic hub; or naming a topic), where each is mentioned among
+# those sections (with its salience), and its routes: the second hop in one round trip.
+_BRIDGES = f"""
 UNWIND $context_ids AS context_id
-MATCH (:SectionContext {tenant_id: $tenant, context_id: context_id})
-      <-[m:MENTIONED_IN]-(c:CanonicalConcept {tenant_id: $tenant})
-WITH context_id, c, m, COUNT { (c)-[:MENTIONED_IN]->() } AS sections,
-     EXISTS { MATCH (:Topic {tenant_id: $tenant, topic_id: c.canonical_name}) } AS topic
+MATCH (:SectionContext {{tenant_id: $tenant, context_id: context_id}})
+      <-[m:MENTIONED_IN]-(c:CanonicalConcept {{tenant_id: $tenant}})
+WITH c, collect({{context_id: context_id, salience: m.salience}}) AS seen_in
+WITH c, seen_in, COUNT {{ (c)-[:MENTIONED_IN]->() }} AS sections,
+     EXISTS {{ MATCH (:Topic {{tenant_id: $tenant, topic_id: c.canonical_name}}) }} AS topic
 WHERE (sections > 1 OR topic) AND sections <= $max_sections
-RETURN context_id, c.canonical_name AS key, m.salience AS salience, sections, topic
+WITH c.canonical_name AS key, seen_in, sections, topic
+CALL (key) {{
+{_ROUTES_OF_KEY}
+}}
+RETURN key, seen_in, sections, topic, collect({_ROUTE}) AS routes
 """
 
 # The Cypher fallback of GDS Yen: shortest paths by hops over the semantic relations of the
@@ -148,12 +168,15 @@ class Route:
 
 
 @dataclass(frozen=True)
-class SectionConcept:
-    context_id: str
+class Bridge:
+    """A concept of some sections: where among them it is mentioned (context id → salience),
+    how many sections mention it, whether it names a topic, and its routes."""
+
     key: str
-    salience: float
+    seen_in: dict[str, float]
     sections: int
     topic: bool
+    routes: tuple[Route, ...]
 
 
 class KnowledgeReads:
@@ -164,9 +187,14 @@ class KnowledgeReads:
         self._database = database
         self._section_counts: dict[str, tuple[float, int]] = {}
 
-    async def concepts(self, tenant: str, keys: Sequence[str]) -> list[ConceptRow]:
-        rows = await self._read(_CONCEPTS, tenant=tenant, keys=list(keys), types=RELATION_TYPES)
-        return [
+    async def anchors(
+        self, tenant: str, keys: Sequence[str], per_key: int
+    ) -> tuple[list[ConceptRow], list[Route]]:
+        """The keys that are concepts or topics of the tenant, and the routes of each."""
+        rows = await self._read(
+            _ANCHORS, tenant=tenant, keys=list(keys), per_key=per_key, types=RELATION_TYPES
+        )
+        concepts = [
             ConceptRow(
                 key=r["key"],
                 name=r["name"] or r["key"],
@@ -177,6 +205,8 @@ class KnowledgeReads:
             )
             for r in rows
         ]
+        routes = [_route(r["key"], x) for r in rows for x in r["routes"]]
+        return concepts, routes
 
     async def section_count(self, tenant: str) -> int:
         """How many sections the tenant has (cached for `SECTION_COUNT_TTL_S`)."""
@@ -198,20 +228,26 @@ class KnowledgeReads:
             for r in rows
         ]
 
-    async def section_concepts(
-        self, tenant: str, context_ids: Sequence[str], max_sections: int
-    ) -> list[SectionConcept]:
+    async def bridges(
+        self, tenant: str, context_ids: Sequence[str], max_sections: int, per_key: int
+    ) -> list[Bridge]:
+        """The concepts of these sections that lead to other sections, with their routes."""
         if not context_ids:
             return []
         rows = await self._read(
-            _SECTION_CONCEPTS,
+            _BRIDGES,
             tenant=tenant,
             context_ids=list(context_ids),
             max_sections=max_sections,
+            per_key=per_key,
         )
         return [
-            SectionConcept(
-                r["context_id"], r["key"], float(r["salience"]), int(r["sections"]), r["topic"]
+            Bridge(
+                key=r["key"],
+                seen_in={x["context_id"]: float(x["salience"]) for x in r["seen_in"]},
+                sections=int(r["sections"]),
+                topic=bool(r["topic"]),
+                routes=tuple(_route(r["key"], x) for x in r["routes"]),
             )
             for r in rows
         ]
@@ -251,6 +287,10 @@ class KnowledgeReads:
             query, params, database_=self._database, routing_=neo4j.RoutingControl.READ
         )
         return list(records)
+
+
+def _route(key: str, row: Any) -> Route:
+    return Route(key, row["context_id"], row["document_id"], float(row["weight"]), row["via"])
 
 
 def _edge(row: Any) -> Edge:
