@@ -399,3 +399,54 @@ async def test_bus_logs_in_with_the_configured_redis_user(
                 await refused.publish(execution(tenant))
     finally:
         await redis_client.acl_deluser(user)
+
+
+async def test_duplicates_within_one_batch_are_handled_once_in_stream_order(
+    settings: Settings, tenant: str, redis_client: aioredis.Redis
+) -> None:
+    seen, handle = recorder(tenant)
+    group = group_name()
+    await redis_client.xgroup_create(STREAM, group, id="$", mkstream=True)
+    first, second = execution(tenant, intent="first"), execution(tenant, intent="second")
+    async with EventBus(settings, "publisher") as publisher:
+        # Published before the consumer starts, so that one read returns them all.
+        for event in (first, first, second, first, second):
+            await publisher.publish(event)
+    bus = EventBus(settings, "test")
+    bus.subscribe(ExecutionCompleted, group, handle)
+    async with bus:
+        await eventually(lambda: len(seen) >= 2)
+        await asyncio.sleep(0.3)  # nothing more arrives
+        pending = await redis_client.xpending(STREAM, group)
+    assert [e.intent for e in seen] == ["first", "second"]
+    assert pending["pending"] == 0
+
+
+async def test_a_slow_batch_acknowledges_each_entry_once_handled(
+    settings: Settings, tenant: str, redis_client: aioredis.Redis
+) -> None:
+    """Entries of a batch that takes long are acknowledged one by one, not at its end: they are
+    idle for the reclaimers of other consumers meanwhile."""
+    settings = settings.model_copy(update={"reclaim_idle_ms": 200})
+    group = group_name()
+    await redis_client.xgroup_create(STREAM, group, id="$", mkstream=True)
+    async with EventBus(settings, "publisher") as publisher:
+        for i in range(6):
+            await publisher.publish(execution(tenant, intent=f"slow {i}"))
+    pending_seen: list[int] = []
+
+    async def handle(event: ExecutionCompleted) -> None:
+        if event.tenant_id == tenant:
+            pending_seen.append(int((await redis_client.xpending(STREAM, group))["pending"]))
+            await asyncio.sleep(0.1)
+
+    bus = EventBus(settings, "test")
+    bus.subscribe(ExecutionCompleted, group, handle)
+    async with bus:
+        await eventually(lambda: len(pending_seen) == 6)
+        await asyncio.sleep(0.3)
+        pending = await redis_client.xpending(STREAM, group)
+    # The first handler starts before anything is written; from the second on, every entry
+    # handled before is acknowledged already.
+    assert pending_seen == [6, 5, 4, 3, 2, 1]
+    assert pending["pending"] == 0

@@ -12,11 +12,19 @@ consumes its stream in a consumer group, at least once:
   `max_deliveries` it is dead-lettered with the exception text and acked;
 - a group that vanished (Redis flushed or restarted empty) is recreated and consuming resumes.
 
-FastStream runs two subscribers per subscription, both calling the same code: one reads new
-entries (XREADGROUP), the other reclaims idle pending ones (a `StreamSub` with `min_idle_time`
-only does XAUTOCLAIM). FastStream's own OpenTelemetry middleware is not used: it reads trace
-headers from FastStream's envelope, which plain JSON entries do not have, and would open a second,
-unparented trace; spans here are parented from `event.trace` instead.
+Entries are read and handled in batches of up to `_BATCH`, in stream order: one MGET asks which
+events the group has handled already, the handlers run one after the other (one span each), and
+one MULTI/EXEC then writes the batch's dedupe marks, dead letters and acknowledgements together,
+so an entry is never acknowledged without its mark nor marked without its acknowledgement. A
+consumer that dies mid-batch leaves the whole batch pending for the reclaimers; events it had
+handled are handled again (at least once), which is why handlers whose effect is stored also
+record the event id with it.
+
+FastStream runs two batch subscribers per subscription, both calling the same code: one reads
+new entries (XREADGROUP), the other reclaims idle pending ones (a `StreamSub` with
+`min_idle_time` only does XAUTOCLAIM). FastStream's own OpenTelemetry middleware is not used: it
+reads trace headers from FastStream's envelope, which plain JSON entries do not have, and would
+open a second, unparented trace; spans here are parented from `event.trace` instead.
 """
 
 from __future__ import annotations
@@ -25,8 +33,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeVar
@@ -35,7 +44,6 @@ import redis.asyncio as aioredis
 import structlog
 from faststream.middlewares import AckPolicy
 from faststream.redis import RedisBroker, StreamSub
-from faststream.redis.annotations import RedisStreamMessage
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import BaseModel
@@ -50,8 +58,11 @@ E = TypeVar("E", bound=Event)
 #: Field of a stream entry that holds the event JSON.
 EVENT_FIELD = "data"
 _EVENT_FIELD_B = EVENT_FIELD.encode()
-#: Entries read per XREADGROUP call.
+#: Entries read per XREADGROUP call, handled together (one dedupe check, one write).
 _BATCH = 16
+#: Pause after a batch that was not full before reading again: under load batches then fill
+#: up; an idle stream costs nothing more, and an event waits at most this much longer.
+_LINGER_S = 0.005
 #: How often the watchdog checks that every subscriber still runs.
 _WATCHDOG_INTERVAL_S = 0.5
 
@@ -70,6 +81,51 @@ class DeadLetter(BaseModel):
     reason: str
     payload: str
     failed_at: datetime
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A stream entry whose payload is a valid event of its stream."""
+
+    entry_id: bytes
+    event: Event
+    payload: bytes
+
+
+@dataclass
+class _Writes:
+    """What handling a batch leaves to write to Redis, all sent together by `EventBus._flush`."""
+
+    marks: list[str] = field(default_factory=list)
+    dead_letters: list[dict[str, str]] = field(default_factory=list)
+    acks: list[bytes] = field(default_factory=list)
+
+    def reject(
+        self,
+        sub: _Subscription,
+        entry_id: bytes,
+        event_id: str | None,
+        reason: str,
+        payload: str,
+    ) -> None:
+        """Dead-letter then ack: the entry is never retried, the group keeps consuming."""
+        self.dead_letters.append(
+            {
+                "stream": sub.stream,
+                "group": sub.group,
+                "entry_id": _text(entry_id),
+                "event_id": event_id or "",
+                "reason": reason,
+                "payload": payload,
+                "failed_at": datetime.now(UTC).isoformat(),
+            }
+        )
+        self.acks.append(entry_id)
+
+    def clear(self) -> None:
+        self.marks.clear()
+        self.dead_letters.clear()
+        self.acks.clear()
 
 
 @dataclass(frozen=True)
@@ -134,6 +190,9 @@ class EventBus:
             # default logger writes to stdout, where the `pml` command prints its results.
             logger=_faststream_log,
             graceful_timeout=10.0,
+            # The bus decodes and validates events itself; FastStream's dependency injection
+            # would only add per-call work (it resolves the message argument in a thread).
+            apply_types=False,
             **redis_credentials(self._settings),
         )
         for sub in self._subscriptions:
@@ -219,53 +278,109 @@ class EventBus:
             sub.stream,
             group=sub.group,
             consumer=settings.consumer_name,
+            batch=True,
             max_records=_BATCH,
             # The reclaimer polls slower: pending entries only matter once they are idle.
             polling_interval=max(100, settings.reclaim_idle_ms // 4) if reclaim else 100,
             min_idle_time=settings.reclaim_idle_ms if reclaim else None,
         )
         subscriber = broker.subscriber(
-            stream=stream, ack_policy=AckPolicy.MANUAL, parser=_envelope_parser
+            stream=stream,
+            ack_policy=AckPolicy.MANUAL,
+            parser=_envelope_parser,
+            decoder=_raw_batch,
         )
 
-        async def on_entry(message: RedisStreamMessage) -> None:
-            await self._on_entry(sub, message.raw_message, reclaimed=reclaim)
+        async def on_batch(batch: Mapping[str, Any]) -> None:
+            entry_ids: Sequence[bytes] = batch["message_ids"]
+            await self._on_batch(sub, entry_ids, batch["data"], reclaimed=reclaim)
+            if not reclaim and len(entry_ids) < _BATCH:
+                # A partial batch means the group has caught up: let the next one fill a little
+                # instead of paying a read, a dedupe check and a write for every few entries.
+                await asyncio.sleep(_LINGER_S)
 
-        on_entry.__name__ = f"{sub.group}:{sub.event_type.TYPE}:{'reclaim' if reclaim else 'read'}"
-        subscriber(on_entry)
+        on_batch.__name__ = f"{sub.group}:{sub.event_type.TYPE}:{'reclaim' if reclaim else 'read'}"
+        subscriber(on_batch)
         return subscriber
 
-    async def _on_entry(
-        self, sub: _Subscription, raw: Mapping[str, Any], *, reclaimed: bool
+    async def _on_batch(
+        self,
+        sub: _Subscription,
+        entry_ids: Sequence[bytes],
+        fields: Sequence[dict[bytes, bytes]],
+        *,
+        reclaimed: bool,
     ) -> None:
-        entry_id: bytes = raw["message_ids"][0]
-        key = (sub.stream, sub.group, entry_id)
-        if key in self._in_flight:
-            return
-        self._in_flight.add(key)
+        mine = [
+            (entry_id, entry_fields)
+            for entry_id, entry_fields in zip(entry_ids, fields, strict=True)
+            if (sub.stream, sub.group, entry_id) not in self._in_flight
+        ]
+        keys = {(sub.stream, sub.group, entry_id) for entry_id, _ in mine}
+        self._in_flight |= keys
         try:
-            await self._process(sub, entry_id, raw["data"], reclaimed=reclaimed)
+            await self._handle_batch(sub, mine, reclaimed=reclaimed)
         except asyncio.CancelledError:
             raise
         except Exception:
-            # Bookkeeping failed (e.g. Redis unreachable): the entry stays pending and the
-            # reclaimer retries it later, so log instead of letting FastStream tear down.
+            # Bookkeeping failed (e.g. Redis unreachable): the unacknowledged entries stay
+            # pending and the reclaimer retries them later, so log instead of letting FastStream
+            # tear down.
             log.exception(
-                "bus.entry_failed", stream=sub.stream, group=sub.group, entry_id=_text(entry_id)
+                "bus.batch_failed",
+                stream=sub.stream,
+                group=sub.group,
+                entries=[_text(entry_id) for entry_id, _ in mine],
             )
         finally:
-            self._in_flight.discard(key)
+            self._in_flight -= keys
 
-    async def _process(
-        self, sub: _Subscription, entry_id: bytes, fields: dict[bytes, bytes], *, reclaimed: bool
+    async def _handle_batch(
+        self,
+        sub: _Subscription,
+        entries: Sequence[tuple[bytes, dict[bytes, bytes]]],
+        *,
+        reclaimed: bool,
     ) -> None:
+        """Handle a batch in stream order, then write its outcome in one transaction.
+
+        A batch that takes long (a slow handler) writes after each entry and checks the dedupe
+        mark right before each handler instead: its entries are idle for the reclaimers of
+        other consumers meanwhile, and a handled entry should not stay unacknowledged then.
+        """
+        started = time.monotonic()
+        slow_after_s = self._settings.reclaim_idle_ms / 1000 / 4
+        writes = _Writes()
+        decoded = [self._decode(sub, entry_id, fields, writes) for entry_id, fields in entries]
+        todo = [entry for entry in decoded if entry is not None]
+        if reclaimed:
+            todo = [entry for entry in todo if not await self._exhausted(sub, entry, writes)]
+        handled = await self._already_handled(sub, todo)
+        for entry in todo:
+            if time.monotonic() - started > slow_after_s:
+                await self._flush(sub, writes)
+                handled |= await self._already_handled(sub, [entry])
+            if entry.event.event_id in handled:
+                log.debug("bus.duplicate_skipped", group=sub.group, event_id=entry.event.event_id)
+                writes.acks.append(entry.entry_id)
+                continue
+            if await self._run_handler(sub, entry, writes):
+                if sub.dedupe:
+                    writes.marks.append(self._dedupe_key(sub, entry.event.event_id))
+                    handled.add(entry.event.event_id)
+                writes.acks.append(entry.entry_id)
+        await self._flush(sub, writes)
+
+    def _decode(
+        self, sub: _Subscription, entry_id: bytes, fields: dict[bytes, bytes], writes: _Writes
+    ) -> _Entry | None:
+        """The entry's event, or None once a payload that can never be handled is rejected."""
         payload = fields.get(_EVENT_FIELD_B)
         if payload is None:
             raw_fields = json.dumps({_text(k): _text(v) for k, v in fields.items()})
-            await self._reject(
-                sub, entry_id, None, f"entry has no `{EVENT_FIELD}` field", raw_fields
-            )
-            return
+            reason = f"entry has no `{EVENT_FIELD}` field"
+            writes.reject(sub, entry_id, None, reason, raw_fields)
+            return None
         try:
             event = parse_event(payload)
             if not isinstance(event, sub.event_type):
@@ -273,25 +388,21 @@ class EventBus:
                     f"{event.type} does not belong on {sub.stream} (expects {sub.event_type.TYPE})"
                 )
         except EventRejected as exc:
-            await self._reject(sub, entry_id, _guess_event_id(payload), exc.reason, _text(payload))
-            return
-        if reclaimed and await self._exhausted(sub, entry_id, event, payload):
-            return
-        if sub.dedupe and await self._redis.exists(self._dedupe_key(sub, event)):
-            log.debug("bus.duplicate_skipped", group=sub.group, event_id=event.event_id)
-            await self._ack(sub, entry_id)
-            return
-        if await self._run_handler(sub, entry_id, event, payload):
-            if sub.dedupe:
-                await self._redis.set(
-                    self._dedupe_key(sub, event), b"1", ex=self._settings.dedupe_ttl_s
-                )
-            await self._ack(sub, entry_id)
+            writes.reject(sub, entry_id, _guess_event_id(payload), exc.reason, _text(payload))
+            return None
+        return _Entry(entry_id, event, payload)
 
-    async def _run_handler(
-        self, sub: _Subscription, entry_id: bytes, event: Event, payload: bytes
-    ) -> bool:
+    async def _already_handled(self, sub: _Subscription, entries: Sequence[_Entry]) -> set[str]:
+        """Event ids of `entries` the group has handled before (one MGET)."""
+        if not sub.dedupe or not entries:
+            return set()
+        ids = [entry.event.event_id for entry in entries]
+        marks = await self._redis.mget([self._dedupe_key(sub, event_id) for event_id in ids])
+        return {event_id for event_id, mark in zip(ids, marks, strict=True) if mark is not None}
+
+    async def _run_handler(self, sub: _Subscription, entry: _Entry, writes: _Writes) -> bool:
         """Run the handler in a span continuing the publisher's trace; True on success."""
+        event = entry.event
         with _tracer.start_as_current_span(
             f"consume {event.TYPE}",
             context=extract_trace(event.trace),
@@ -299,7 +410,7 @@ class EventBus:
             attributes={
                 **_span_attributes(sub.stream, event),
                 "messaging.consumer.group.name": sub.group,
-                "messaging.redis.entry_id": _text(entry_id),
+                "messaging.redis.entry_id": _text(entry.entry_id),
             },
             record_exception=False,
             set_status_on_exception=False,
@@ -311,78 +422,69 @@ class EventBus:
             except Exception as exc:
                 span.record_exception(exc)
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
-                await self._handler_failed(sub, entry_id, event, payload, exc)
+                await self._handler_failed(sub, entry, exc, writes)
                 return False
         return True
 
     async def _handler_failed(
-        self, sub: _Subscription, entry_id: bytes, event: Event, payload: bytes, exc: Exception
+        self, sub: _Subscription, entry: _Entry, exc: Exception, writes: _Writes
     ) -> None:
-        deliveries = await self._deliveries(sub, entry_id)
+        deliveries = await self._deliveries(sub, entry.entry_id)
         error = f"{type(exc).__name__}: {exc}"
         if deliveries >= self._settings.max_deliveries:
             reason = f"handler failed {deliveries} times; last error: {error}"
-            await self._reject(sub, entry_id, event.event_id, reason, _text(payload))
+            writes.reject(sub, entry.entry_id, entry.event.event_id, reason, _text(entry.payload))
             return
         log.warning(
             "bus.handler_failed_will_retry",
             stream=sub.stream,
             group=sub.group,
-            entry_id=_text(entry_id),
-            event_id=event.event_id,
+            entry_id=_text(entry.entry_id),
+            event_id=entry.event.event_id,
             delivery=deliveries,
             max_deliveries=self._settings.max_deliveries,
             retry_after_ms=self._settings.reclaim_idle_ms,
             error=error,
         )
 
-    async def _exhausted(
-        self, sub: _Subscription, entry_id: bytes, event: Event, payload: bytes
-    ) -> bool:
+    async def _exhausted(self, sub: _Subscription, entry: _Entry, writes: _Writes) -> bool:
         """Dead-letter a reclaimed entry delivered too often without any handler verdict
         (its consumers died while handling it: a poison message that kills processes)."""
-        deliveries = await self._deliveries(sub, entry_id)
+        deliveries = await self._deliveries(sub, entry.entry_id)
         if deliveries <= self._settings.max_deliveries:
             return False
         reason = f"delivered {deliveries} times without being handled (consumers died?)"
-        await self._reject(sub, entry_id, event.event_id, reason, _text(payload))
+        writes.reject(sub, entry.entry_id, entry.event.event_id, reason, _text(entry.payload))
         return True
 
-    async def _reject(
-        self,
-        sub: _Subscription,
-        entry_id: bytes,
-        event_id: str | None,
-        reason: str,
-        payload: str,
-    ) -> None:
-        """Dead-letter then ack: the entry is never retried, the group keeps consuming."""
-        await self._redis.xadd(
-            Streams.DEAD_LETTER,
-            {
-                "stream": sub.stream,
-                "group": sub.group,
-                "entry_id": _text(entry_id),
-                "event_id": event_id or "",
-                "reason": reason,
-                "payload": payload,
-                "failed_at": datetime.now(UTC).isoformat(),
-            },
-            maxlen=self._settings.stream_maxlen,
-            approximate=True,
-        )
-        await self._ack(sub, entry_id)
-        log.error(
-            "bus.dead_lettered",
-            stream=sub.stream,
-            group=sub.group,
-            entry_id=_text(entry_id),
-            event_id=event_id,
-            reason=reason,
-        )
-
-    async def _ack(self, sub: _Subscription, entry_id: bytes) -> None:
-        await self._redis.xack(sub.stream, sub.group, entry_id)
+    async def _flush(self, sub: _Subscription, writes: _Writes) -> None:
+        """Dedupe marks, dead letters and acknowledgements in one MULTI/EXEC: an event is marked
+        handled exactly when its entry is acknowledged, and a dead letter exists exactly when
+        its entry is acknowledged."""
+        if not writes.acks:
+            return
+        async with self._redis.pipeline(transaction=True) as pipe:
+            for key in writes.marks:
+                pipe.set(key, b"1", ex=self._settings.dedupe_ttl_s)
+            for letter in writes.dead_letters:
+                pipe.xadd(
+                    Streams.DEAD_LETTER,
+                    letter,  # type: ignore[arg-type]
+                    maxlen=self._settings.stream_maxlen,
+                    approximate=True,
+                )
+            pipe.xack(sub.stream, sub.group, *writes.acks)
+            await pipe.execute()
+        for letter in writes.dead_letters:
+            log.error(
+                "bus.dead_lettered",
+                stream=letter["stream"],
+                group=letter["group"],
+                entry_id=letter["entry_id"],
+                event_id=letter["event_id"] or None,
+                reason=letter["reason"],
+            )
+        writes.clear()
 
     async def _deliveries(self, sub: _Subscription, entry_id: bytes) -> int:
         rows = await self._redis.xpending_range(
@@ -390,8 +492,8 @@ class EventBus:
         )
         return int(rows[0]["times_delivered"]) if rows else 0
 
-    def _dedupe_key(self, sub: _Subscription, event: Event) -> str:
-        return f"pml:dedupe:{sub.group}:{event.event_id}"
+    def _dedupe_key(self, sub: _Subscription, event_id: str) -> str:
+        return f"pml:dedupe:{sub.group}:{event_id}"
 
     async def _ensure_group(self, sub: _Subscription) -> bool:
         """Create the group if missing; True when it had to be created.
@@ -439,12 +541,17 @@ async def _envelope_parser(message: Any, original: Callable[[Any], Awaitable[Any
     """FastStream parser that never fails: entries are decoded by the bus, not by FastStream.
 
     FastStream's default parser JSON-encodes the raw fields and raises on bytes that are not
-    UTF-8, which would leave such an entry pending forever; it parses an empty body instead and
-    the handler reads the untouched `raw_message`.
+    UTF-8, which would leave such an entry pending forever; it parses an empty batch instead and
+    the bus reads the untouched `raw_message`.
     """
-    parsed = await original({**message, "data": {}})
+    parsed = await original({**message, "data": []})
     parsed.raw_message = message
     return parsed
+
+
+async def _raw_batch(message: Any, original: Callable[[Any], Awaitable[Any]]) -> Any:
+    """FastStream decoder handing the bus the raw batch: entry ids and their fields."""
+    return message.raw_message
 
 
 def _span_attributes(stream: str, event: Event) -> dict[str, str]:
