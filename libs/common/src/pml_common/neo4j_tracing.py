@@ -96,7 +96,7 @@ def _query_span(query: Any, database: str | None) -> Iterator[Span]:
     }
     namespace = database or _state["database"]
     if namespace:
-        attributes["db.namespace"] = namespace
+        attributes |= {"db.namespace": namespace}
     with _tracer.start_as_current_span(
         summary,
         kind=SpanKind.CLIENT,
