@@ -15,12 +15,15 @@ from typing import Any
 
 import neo4j
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from pml_common.concepts import canonical_key
 from pml_common.context_id import make_context_id
 from pml_common.embedding import build_embedder
 from pml_common.events import ChunkPayload
 from pml_common.settings import Settings
+from pml_common.telemetry import setup_telemetry
 from pml_search.chunk_index import ChunkIndex
 from pml_search.gds import GdsPaths
 from pml_search.knowledge import CYPHER, GDS_YEN, KnowledgeEngine, invariant_violations
@@ -400,3 +403,18 @@ async def test_gds_yen_rows_drive_the_same_scoring_and_selection(
     assert answer.mode is Mode.REASONED
     assert invariant_violations(answer) == []
     assert sum("gds.graph.project" in q for q in recorded.queries) == 1
+
+
+async def test_each_stage_is_a_span_of_the_request(engine: KnowledgeEngine, built: str) -> None:
+    exporter = InMemorySpanExporter()
+    setup_telemetry("search-test", Settings(), span_exporter=exporter)
+    with trace.get_tracer("test").start_as_current_span("request") as request:
+        answer = await engine.ask(built, QUESTION, 4, "graph-first")
+    stages = [s for s in exporter.get_finished_spans() if s.name.startswith("ask.")]
+    assert [s.name for s in stages] == [f"ask.{name}" for name, _ in answer.stages.timings]
+    parent = request.get_span_context()
+    assert all(s.parent is not None and s.parent.span_id == parent.span_id for s in stages)
+    assert all(s.context.trace_id == parent.trace_id for s in stages)
+    by_name = {s.name: s for s in stages}
+    assert by_name["ask.paths"].attributes["pml.path_finder"] == CYPHER
+    assert by_name["ask.vector"].attributes["pml.mode"] == "REASONED"
