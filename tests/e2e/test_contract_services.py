@@ -1,5 +1,5 @@
-"""Ingest serves its contract (healthy, reflected, RPCs UNIMPLEMENTED); the scorer, built
-since, answers for real (the planner has its own end-to-end tests)."""
+"""Services answer for real once started by the local stack: ingest (with its pass workers)
+and the scorer (the planner and the knowledge side have their own end-to-end tests)."""
 
 from __future__ import annotations
 
@@ -18,20 +18,18 @@ from pml_cli.local_stack import LocalStack
 
 pytestmark = pytest.mark.e2e
 
-CALLS = {
-    "ingest": lambda ch: ingest_pb2_grpc.IngestServiceStub(ch).GetStatus(
-        ingest_pb2.GetStatusRequest(), timeout=10
-    ),
-}
 
-
-@pytest.mark.parametrize("service", sorted(CALLS))
-def test_contract_only_services_answer_unimplemented(stack: LocalStack, service: str) -> None:
-    stack.start_services([service])  # waits for its health check to answer SERVING
-    address = stack.processes[-1].url
-    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as info:
-        CALLS[service](channel)
-    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+def test_ingest_answers_get_status_for_an_empty_tenant(stack: LocalStack) -> None:
+    stack.start_services(["ingest"])  # the service and its pass workers, each SERVING
+    [ingest] = [p for p in stack.processes if p.name == "ingest"]
+    with grpc.insecure_channel(ingest.url) as channel:
+        reply = ingest_pb2_grpc.IngestServiceStub(channel).GetStatus(
+            ingest_pb2.GetStatusRequest(tenant_id=f"e2e-empty-{uuid.uuid4().hex[:8]}"), timeout=10
+        )
+    assert list(reply.documents) == []
+    assert {p.name for p in stack.processes} >= {
+        f"ingest-{name}" for name in ("chunking", "pass1", "pass2a", "pass2b", "pass3")
+    }
 
 
 def test_scorer_answers_model_info_for_an_empty_tenant(stack: LocalStack) -> None:
