@@ -4,12 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Callable
-from typing import Any
-
-from pml_common.grpc_server import GrpcServer
-from pml_common.settings import Settings
-from pml_common.telemetry import configure_logging, setup_telemetry
 
 
 async def wait_for_shutdown_signal() -> signal.Signals:
@@ -28,25 +22,3 @@ async def wait_for_shutdown_signal() -> signal.Signals:
 def _resolve(received: asyncio.Future[signal.Signals], sig: signal.Signals) -> None:
     if not received.done():
         received.set_result(sig)
-
-
-def serve_contract(
-    service: str,
-    port_of: Callable[[Settings], int],
-    add_to_server: Callable[[Any, Any], None],
-    servicer: Any,
-    full_service_name: str,
-) -> None:
-    """Run a service whose RPCs are not built yet: its generated base servicer answers
-    UNIMPLEMENTED, with health, reflection, logging and tracing like every other service."""
-
-    async def serve(settings: Settings) -> None:
-        configure_logging(service, settings)
-        setup_telemetry(service, settings)
-        server = GrpcServer(settings, port_of(settings), service)
-        server.add(lambda s: add_to_server(servicer, s), full_service_name)
-        await server.start()
-        await wait_for_shutdown_signal()
-        await server.stop()
-
-    asyncio.run(serve(Settings()))
