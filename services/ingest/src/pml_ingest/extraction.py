@@ -94,16 +94,20 @@ class ConceptExtractor:
 def mentions_of(doc: Any) -> list[Mention]:
     """Entity and noun-phrase mentions of one parsed text, in text order."""
     found: list[Mention] = []
+    values = {
+        i for ent in doc.ents if ent.label_ in VALUE_LABELS for i in range(ent.start, ent.end)
+    }
     for ent in doc.ents:
         if ent.label_ in VALUE_LABELS:
             continue
-        found.append(_mention(ent.text, ENTITY, ent.label_, ent.start_char))
+        span = _without_determiners(ent)
+        found.append(_mention(span.text, ENTITY, ent.label_, span.start_char))
     previous = None
     for chunk in doc.noun_chunks:
-        if chunk.root.pos_ == "PRON":
+        if chunk.root.pos_ == "PRON" or chunk.root.i in values:  # "it", "January 1960"
             previous = None
             continue
-        span = chunk
+        span = _without_determiners(chunk)
         if len(span) > MAX_PHRASE_WORDS:
             span = doc[max(chunk.start, chunk.root.i - MAX_PHRASE_WORDS + 1) : chunk.root.i + 1]
         found.append(_mention(span.text, NOUN_PHRASE, "", span.start_char))
@@ -115,6 +119,20 @@ def mentions_of(doc: Any) -> list[Mention]:
         previous = span
     kept = [m for m in found if m.key and not is_stop_concept(m.key)]
     return sorted(kept, key=lambda m: (m.start, m.concept_type != ENTITY))
+
+
+def _without_determiners(span: Any) -> Any:
+    """The span without its leading determiners ("The Journal", "Its editor"): a concept's
+    display name; its key drops them anyway."""
+    start = span.start
+    while start < span.end - 1 and _is_determiner(span.doc[start]):
+        start += 1
+    return span.doc[start : span.end]
+
+
+def _is_determiner(token: Any) -> bool:
+    """An article or a possessive ("the", "its", "leur")."""
+    return bool(token.pos_ == "DET" or token.morph.get("Poss") == ["Yes"])
 
 
 def _linked(doc: Any, left: Any, right: Any) -> bool:
