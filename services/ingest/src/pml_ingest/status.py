@@ -96,27 +96,20 @@ class StatusStore:
         return bool(result)
 
     async def get(self, tenant: str, doc: str) -> DocumentStatus | None:
-        data = await self._redis.hgetall(_key(tenant, doc))
-        if not data:
-            return None
-        fields = {_text(k): _text(v) for k, v in data.items()}
-        passes = tuple(
-            PassState(
-                name,
-                fields.get(f"{name}:state", PENDING),
-                fields.get(f"{name}:updated_at", ""),
-                fields.get(f"{name}:error", ""),
-            )
-            for name in PASSES
-        )
-        return DocumentStatus(doc, fields.get("content_hash", ""), fields.get("title", ""), passes)
+        [status] = await self.many(tenant, [doc])
+        return status
+
+    async def many(self, tenant: str, docs: Sequence[str]) -> list[DocumentStatus | None]:
+        """Statuses of several documents in one round trip; None for an unknown one."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for doc in docs:
+                pipe.hgetall(_key(tenant, doc))
+            rows = await pipe.execute()
+        return [_status(doc, data) for doc, data in zip(docs, rows, strict=True)]
 
     async def documents(self, tenant: str) -> list[str]:
         members = await self._redis.smembers(_index(tenant))
         return sorted(_text(m) for m in members)
-
-    async def many(self, tenant: str, docs: Sequence[str]) -> list[DocumentStatus | None]:
-        return [await self.get(tenant, doc) for doc in docs]
 
     async def forget(self, tenant: str, doc: str) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:
@@ -133,3 +126,19 @@ class StatusStore:
             pipe.delete(_index(tenant))
             await pipe.execute()
         return len(docs)
+
+
+def _status(doc: str, data: dict[bytes, bytes]) -> DocumentStatus | None:
+    if not data:
+        return None
+    fields = {_text(k): _text(v) for k, v in data.items()}
+    passes = tuple(
+        PassState(
+            name,
+            fields.get(f"{name}:state", PENDING),
+            fields.get(f"{name}:updated_at", ""),
+            fields.get(f"{name}:error", ""),
+        )
+        for name in PASSES
+    )
+    return DocumentStatus(doc, fields.get("content_hash", ""), fields.get("title", ""), passes)
