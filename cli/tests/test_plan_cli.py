@@ -117,6 +117,16 @@ def test_plan_without_a_planner(monkeypatch: pytest.MonkeyPatch, command: str) -
     assert "unavailable" in result.stderr
 
 
+def test_security_settings_that_cannot_work_are_a_message(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PML_TLS_ENABLED", "true")
+    monkeypatch.setenv("PML_TLS_CA_FILE", str(tmp_path / "missing-ca.pem"))
+    result = runner.invoke(app, ["plan", "dag", "commit my work"])
+    assert result.exit_code == 1
+    assert "security settings" in result.stderr and "tls_ca_file" in result.stderr
+
+
 def test_eval_plan_bad_input(tmp_path: Path) -> None:
     assert runner.invoke(app, ["eval", "plan"]).exit_code == 2  # --data is required
     result = runner.invoke(app, ["eval", "plan", "--data", str(tmp_path), "--method", "shgat"])

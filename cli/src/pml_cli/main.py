@@ -22,6 +22,7 @@ from pml_cli.eval_tools import EvalError
 from pml_cli.execution_files import ExecutionFileError, load_executions
 from pml_cli.ingest_files import IngestFileError
 from pml_cli.local_stack import LocalStack, interrupt_on_signals
+from pml_common.grpc_security import SecurityConfigError
 from pml_common.local_runtime import LocalRuntimeError
 from pml_common.settings import Settings
 
@@ -65,6 +66,8 @@ def _reported() -> Iterator[None]:
         rpc_failure(exc)
     except (EvalError, CatalogFileError, ExecutionFileError, IngestFileError) as exc:
         fail(str(exc))
+    except SecurityConfigError as exc:  # TLS or token settings that cannot work
+        fail(f"security settings: {exc}")
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
