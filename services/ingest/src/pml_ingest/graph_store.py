@@ -344,6 +344,35 @@ class GraphStore:
             at=utcnow(),
         )
 
+    async def write_document(
+        self,
+        tenant: str,
+        doc: str,
+        title: str,
+        fmt: str,
+        language: str,
+        rows: Sequence[dict[str, Any]],
+    ) -> None:
+        """The Document node and all its sections (stale ones dropped) in one transaction:
+        for a document of ordinary size, instead of the batched steps below."""
+
+        async def work(tx: neo4j.AsyncManagedTransaction) -> None:
+            params = {"tenant": tenant, "doc": doc}
+            await _consume(
+                tx,
+                _UPSERT_DOCUMENT,
+                **params,
+                title=title,
+                format=fmt,
+                language=language,
+                section_count=len(rows),
+                at=utcnow(),
+            )
+            await _consume(tx, _WRITE_SECTIONS, **params, sections=list(rows))
+            await _consume(tx, _STALE_SECTIONS, **params, keep=[r["context_id"] for r in rows])
+
+        await self._write(work)
+
     async def write_sections(self, tenant: str, doc: str, rows: Sequence[dict[str, Any]]) -> None:
         await self._run(_WRITE_SECTIONS, tenant=tenant, doc=doc, sections=list(rows))
 
@@ -407,6 +436,29 @@ class GraphStore:
             _DROP_MENTIONS, {"tenant": tenant, "doc": doc}, database_=self._database
         )
         return list(records[0]["keys"]) if records else []
+
+    async def replace_mentions(
+        self, tenant: str, doc: str, language: str, rows: Sequence[dict[str, Any]]
+    ) -> None:
+        """The document's mentions replaced by `rows` and the concepts only the old ones named
+        swept, in one transaction: for a document of ordinary size, instead of
+        `drop_mentions` + batches of `write_mentions` + `sweep_concepts`."""
+
+        async def work(tx: neo4j.AsyncManagedTransaction) -> None:
+            result = await tx.run(_DROP_MENTIONS, tenant=tenant, doc=doc)
+            previous = (await result.single(strict=True))["keys"]
+            await _consume(
+                tx,
+                _WRITE_MENTIONS,
+                tenant=tenant,
+                doc=doc,
+                language=language,
+                rows=list(rows),
+                at=utcnow(),
+            )
+            await _consume(tx, _SWEEP_NAMED_CONCEPTS, tenant=tenant, keys=previous)
+
+        await self._write(work)
 
     async def write_mentions(
         self, tenant: str, doc: str, language: str, rows: Sequence[dict[str, Any]]

@@ -199,13 +199,18 @@ class ChunkingPass:
             # A changed document: what the old version contributed goes first.
             await store.remove_document(tenant, doc, keep_document=True)
         language = detect_language(f"{event.title}\n{event.text}")
-        await store.upsert_document(tenant, doc, event.title, event.format, language, len(sections))
         rows = [_section_row(s) for s in sections]
-        for i, batch in enumerate(batches(rows, self.rt.settings.ingest_write_batch)):
-            await store.write_sections(tenant, doc, batch)
-            if i == 0:
-                await self.rt.pause_after_first_write(self.name, doc)
-        await store.drop_stale_sections(tenant, doc, [s.context_id for s in sections])
+        batch_size = self.rt.settings.ingest_write_batch
+        if len(rows) <= batch_size:
+            await store.write_document(tenant, doc, event.title, event.format, language, rows)
+            await self.rt.pause_after_first_write(self.name, doc)
+        else:
+            await store.upsert_document(tenant, doc, event.title, event.format, language, len(rows))
+            for i, batch in enumerate(batches(rows, batch_size)):
+                await store.write_sections(tenant, doc, batch)
+                if i == 0:
+                    await self.rt.pause_after_first_write(self.name, doc)
+            await store.drop_stale_sections(tenant, doc, [s.context_id for s in sections])
         await self.rt.publisher.publish(
             ChunksExtracted.create(
                 tenant_id=tenant, document_id=doc, chunks=_flatten_chunks(sections)
@@ -304,14 +309,19 @@ class ConceptPass(Pass):
             for section, mentions in zip(sections, per_section, strict=True)
             for m in mentions
         ]
-        previous = await store.drop_mentions(tenant, doc)
-        for i, batch in enumerate(batches(rows, self.rt.settings.ingest_write_batch)):
-            await store.write_mentions(tenant, doc, language, batch)
-            if i == 0:
-                await self.rt.pause_after_first_write(self.name, doc)
-        # Concepts only this document named, and no longer names; a crash before this line
-        # loses nothing: the redelivery drops and rewrites the same mentions.
-        await store.sweep_concepts(tenant, previous)
+        batch_size = self.rt.settings.ingest_write_batch
+        if len(rows) <= batch_size:
+            await store.replace_mentions(tenant, doc, language, rows)
+            await self.rt.pause_after_first_write(self.name, doc)
+        else:
+            previous = await store.drop_mentions(tenant, doc)
+            for i, batch in enumerate(batches(rows, batch_size)):
+                await store.write_mentions(tenant, doc, language, batch)
+                if i == 0:
+                    await self.rt.pause_after_first_write(self.name, doc)
+            # Concepts only this document named, and no longer names; a crash before this
+            # line loses nothing: the redelivery drops and rewrites the same mentions.
+            await store.sweep_concepts(tenant, previous)
         log.info("ingest.concepts", tenant=tenant, document_id=doc, mentions=len(rows))
 
 
