@@ -4,8 +4,9 @@ The pass workers are the graph's only writers. Every write is idempotent: nodes 
 relationships are MERGEd on their keys (uniqueness constraints in `SCHEMA`), what a document
 contributed is replaced as a whole, and orphans are swept by queries that look at the graph as
 it is, not at what an earlier, possibly crashed, attempt remembered. A redelivered event after a
-crash therefore redoes the same writes and never duplicates anything. Rows are written in
-batches (`UNWIND`) of `write_batch`.
+crash therefore redoes the same writes and never duplicates anything. Rows are written with
+`UNWIND`: a document of ordinary size in one transaction per pass step, a larger one in batches
+of `write_batch` rows.
 
 Every query is a constant string with parameters; the twelve relation-writing queries are built
 once from the constant whitelist of relation types (Cypher cannot parameterise a type).
