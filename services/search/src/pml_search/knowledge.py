@@ -207,15 +207,17 @@ class KnowledgeEngine:
         seed_weights = {s.key: s.weight for s in seeds}
         hop1 = planning.anchor_scores(routes, seed_weights, documents)
         best = planning.top_sections(hop1, planning.BRIDGE_SECTIONS)
-        bridges = await self.reads.bridges(
-            tenant, best, planning.MAX_BRIDGE_SECTIONS, planning.ROUTES_PER_KEY
-        )
+        bridges = await self.reads.bridges(tenant, best, planning.MAX_BRIDGE_SECTIONS)
         followed = planning.bridge_keys(hop1, bridges, seeds, total)
-        hop2_routes = [r for b in bridges if b.key in followed for r in b.routes]
-        hop2 = planning.anchor_scores(hop2_routes, followed, documents)
         inner = {n: 1.0 for p in paths for n in p.nodes[1:-1] if n not in seed_weights}
-        inner_routes = await self.reads.routes(tenant, list(inner), planning.ROUTES_PER_KEY)
-        path_routes = planning.anchor_scores(inner_routes, inner, documents)
+        keys = list(dict.fromkeys([*followed, *inner]))
+        routes2 = await self.reads.routes(tenant, keys, planning.ROUTES_PER_KEY)
+        hop2 = planning.anchor_scores(
+            [r for r in routes2 if r.key in followed], followed, documents
+        )
+        path_routes = planning.anchor_scores(
+            [r for r in routes2 if r.key in inner], inner, documents
+        )
         return planning.combine(hop1, hop2, paths, path_routes, documents)
 
     async def _evidence_chunks(

@@ -10,8 +10,8 @@ every value from a request reaches Neo4j as a parameter.
   routes: the sections that mention them (`MENTIONED_IN`, by salience) and, when the key names
   a structural topic (a heading), the sections under it. Scope only: a route is never a
   semantic link (seed §4).
-- `bridges`: the concepts mentioned in some sections, with their routes (the second hop).
-- `routes`: the routes of given keys (the inner concepts of paths).
+- `bridges`: the concepts mentioned in some sections that lead elsewhere (the second hop).
+- `routes`: the routes of given keys (the chosen bridges, the inner concepts of paths).
 - `cypher_paths`: up to `PATHS_PER_PAIR` shortest paths (1 to 3 hops) between pairs of concepts
   over the semantic relations (the fallback of GDS Yen, §5.1).
 - `edges`: the stored relations between pairs of concepts, with their evidence.
@@ -93,21 +93,17 @@ RETURN key, s.context_id AS context_id, s.document_id AS document_id, weight, vi
 """
 
 # The concepts of some sections that lead elsewhere (mentioned in more than one section, in at
-# most `max_sections`: more is a generic hub; or naming a topic), where each is mentioned among
-# those sections (with its salience), and its routes: the second hop in one round trip.
-_BRIDGES = f"""
+# most `max_sections`: more is a generic hub; or naming a topic), and where each is mentioned
+# among those sections, with its salience. Their routes are asked for once chosen (`routes`).
+_BRIDGES = """
 UNWIND $context_ids AS context_id
-MATCH (:SectionContext {{tenant_id: $tenant, context_id: context_id}})
-      <-[m:MENTIONED_IN]-(c:CanonicalConcept {{tenant_id: $tenant}})
-WITH c, collect({{context_id: context_id, salience: m.salience}}) AS seen_in
-WITH c, seen_in, COUNT {{ (c)-[:MENTIONED_IN]->() }} AS sections,
-     EXISTS {{ MATCH (:Topic {{tenant_id: $tenant, topic_id: c.canonical_name}}) }} AS topic
+MATCH (:SectionContext {tenant_id: $tenant, context_id: context_id})
+      <-[m:MENTIONED_IN]-(c:CanonicalConcept {tenant_id: $tenant})
+WITH c, collect({context_id: context_id, salience: m.salience}) AS seen_in
+WITH c, seen_in, COUNT { (c)-[:MENTIONED_IN]->() } AS sections,
+     EXISTS { MATCH (:Topic {tenant_id: $tenant, topic_id: c.canonical_name}) } AS topic
 WHERE (sections > 1 OR topic) AND sections <= $max_sections
-WITH c.canonical_name AS key, seen_in, sections, topic
-CALL (key) {{
-{_ROUTES_OF_KEY}
-}}
-RETURN key, seen_in, sections, topic, collect({_ROUTE}) AS routes
+RETURN c.canonical_name AS key, seen_in, sections, topic
 """
 
 # The Cypher fallback of GDS Yen: shortest paths by hops over the semantic relations of the
@@ -170,13 +166,12 @@ class Route:
 @dataclass(frozen=True)
 class Bridge:
     """A concept of some sections: where among them it is mentioned (context id → salience),
-    how many sections mention it, whether it names a topic, and its routes."""
+    how many sections mention it, and whether it names a topic."""
 
     key: str
     seen_in: dict[str, float]
     sections: int
     topic: bool
-    routes: tuple[Route, ...]
 
 
 class KnowledgeReads:
@@ -229,17 +224,13 @@ class KnowledgeReads:
         ]
 
     async def bridges(
-        self, tenant: str, context_ids: Sequence[str], max_sections: int, per_key: int
+        self, tenant: str, context_ids: Sequence[str], max_sections: int
     ) -> list[Bridge]:
-        """The concepts of these sections that lead to other sections, with their routes."""
+        """The concepts of these sections that lead to other sections."""
         if not context_ids:
             return []
         rows = await self._read(
-            _BRIDGES,
-            tenant=tenant,
-            context_ids=list(context_ids),
-            max_sections=max_sections,
-            per_key=per_key,
+            _BRIDGES, tenant=tenant, context_ids=list(context_ids), max_sections=max_sections
         )
         return [
             Bridge(
@@ -247,7 +238,6 @@ class KnowledgeReads:
                 seen_in={x["context_id"]: float(x["salience"]) for x in r["seen_in"]},
                 sections=int(r["sections"]),
                 topic=bool(r["topic"]),
-                routes=tuple(_route(r["key"], x) for x in r["routes"]),
             )
             for r in rows
         ]
