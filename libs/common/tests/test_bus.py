@@ -450,3 +450,40 @@ async def test_a_slow_batch_acknowledges_each_entry_once_handled(
     # handled before is acknowledged already.
     assert pending_seen == [6, 5, 4, 3, 2, 1]
     assert pending["pending"] == 0
+
+
+async def test_a_slow_live_consumer_keeps_its_batch_from_other_reclaimers(
+    settings: Settings, tenant: str, redis_client: aioredis.Redis
+) -> None:
+    """Entries waiting behind a slow handler stay with their live consumer (its heartbeat keeps
+    them from looking idle): another consumer of the group neither handles nor dead-letters
+    them, however long the batch takes."""
+    settings = settings.model_copy(update={"reclaim_idle_ms": 300, "max_deliveries": 2})
+    group = group_name()
+    await redis_client.xgroup_create(STREAM, group, id="$", mkstream=True)
+    calls: list[tuple[str, str]] = []
+
+    def handler(name: str, pause_s: float) -> Callable[[ExecutionCompleted], Awaitable[None]]:
+        async def handle(event: ExecutionCompleted) -> None:
+            if event.tenant_id == tenant:
+                calls.append((name, event.intent))
+                await asyncio.sleep(pause_s)
+
+        return handle
+
+    slow = EventBus(settings.model_copy(update={"consumer_name": f"slow-{tenant}"}), "slow")
+    slow.subscribe(ExecutionCompleted, group, handler("slow", 1.2))
+    other = EventBus(settings.model_copy(update={"consumer_name": f"other-{tenant}"}), "other")
+    other.subscribe(ExecutionCompleted, group, handler("other", 0))
+    async with EventBus(settings, "publisher") as publisher:
+        entry_ids = {await publisher.publish(execution(tenant, intent=i)) for i in ("1", "2", "3")}
+    async with slow:
+        await eventually(lambda: len(calls) == 1)  # all three read in one batch
+        async with other:
+            await eventually(lambda: len(calls) == 3, within=15)
+            await asyncio.sleep(1.5)  # the last handler ends; nothing was taken over
+            letters = [d for d in await slow.dead_letters(1000) if d.entry_id in entry_ids]
+            pending = await redis_client.xpending(STREAM, group)
+    assert calls == [("slow", "1"), ("slow", "2"), ("slow", "3")]
+    assert letters == []
+    assert pending["pending"] == 0

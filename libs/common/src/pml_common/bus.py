@@ -18,7 +18,9 @@ one MULTI/EXEC then writes the batch's dedupe marks, dead letters and acknowledg
 so an entry is never acknowledged without its mark nor marked without its acknowledgement. A
 consumer that dies mid-batch leaves the whole batch pending for the reclaimers; events it had
 handled are handled again (at least once), which is why handlers whose effect is stored also
-record the event id with it.
+record the event id with it. While a batch runs, its consumer keeps its entries from looking idle
+(`_Heartbeat`), so the reclaimers of other consumers only take the entries of a dead consumer,
+not those of a slow one.
 
 FastStream runs two batch subscribers per subscription, both calling the same code: one reads
 new entries (XREADGROUP), the other reclaims idle pending ones (a `StreamSub` with
@@ -126,6 +128,71 @@ class _Writes:
         self.marks.clear()
         self.dead_letters.clear()
         self.acks.clear()
+
+
+class _Heartbeat:
+    """Keeps the entries of a running batch claimed by their live consumer.
+
+    Entries wait in a batch while the handlers before them run, and a handler may be slow (a
+    cold start, a store under load): once idle for `reclaim_idle_ms` they would look abandoned
+    to the reclaimers of the other consumers, which would handle them a second time and, as each
+    claim counts a delivery, dead-letter them as "delivered too often" while they are being
+    handled. Every `interval_s` (a third of the idle time) an XCLAIM with JUSTID resets their
+    idle time without counting a delivery; a consumer that dies stops beating, and its entries
+    become idle and reclaimable. Entries acknowledged meanwhile are no longer pending, and
+    Redis leaves them alone.
+    """
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        sub: _Subscription,
+        consumer: str,
+        entry_ids: Sequence[bytes],
+        interval_s: float,
+    ) -> None:
+        self._redis = redis
+        self._sub = sub
+        self._consumer = consumer
+        self._entry_ids = list(entry_ids)
+        self._interval_s = interval_s
+        self._loop = asyncio.get_running_loop()
+        self._claiming: asyncio.Task[None] | None = None
+        # A timer rather than a task: most batches end before the first beat.
+        self._timer: asyncio.TimerHandle | None = (
+            self._loop.call_later(interval_s, self._beat) if self._entry_ids else None
+        )
+
+    def _beat(self) -> None:
+        self._claiming = self._loop.create_task(self._claim())
+
+    async def _claim(self) -> None:
+        ids: list[Any] = list(self._entry_ids)
+        try:
+            await self._redis.xclaim(
+                self._sub.stream,
+                self._sub.group,
+                self._consumer,
+                min_idle_time=0,
+                message_ids=ids,
+                justid=True,
+            )
+        except RedisError as exc:
+            log.warning(
+                "bus.heartbeat_failed",
+                stream=self._sub.stream,
+                group=self._sub.group,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+        self._timer = self._loop.call_later(self._interval_s, self._beat)
+
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._claiming is not None and not self._claiming.done():
+            self._claiming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._claiming
 
 
 @dataclass(frozen=True)
@@ -318,6 +385,13 @@ class EventBus:
         ]
         keys = {(sub.stream, sub.group, entry_id) for entry_id, _ in mine}
         self._in_flight |= keys
+        heartbeat = _Heartbeat(
+            self._redis,
+            sub,
+            self._settings.consumer_name,
+            [entry_id for entry_id, _ in mine],
+            self._settings.reclaim_idle_ms / 1000 / 3,
+        )
         try:
             await self._handle_batch(sub, mine, reclaimed=reclaimed)
         except asyncio.CancelledError:
@@ -333,6 +407,7 @@ class EventBus:
                 entries=[_text(entry_id) for entry_id, _ in mine],
             )
         finally:
+            await heartbeat.stop()
             self._in_flight -= keys
 
     async def _handle_batch(
