@@ -302,3 +302,16 @@ async def test_large_registration_in_slices_is_applied_once(
     assert not await sliced.register_tools(tenant, "big", [spec(i) for i in ids], guesses)
     assert sorted(t.id for t in await sliced.catalog(tenant)) == ids
     assert len(await sliced.edges(tenant)) == 4
+
+
+async def test_replicas_starting_together_all_ensure_the_schema(
+    store: GraphStore, driver: neo4j.AsyncDriver
+) -> None:
+    """Several trainers creating the same index at once: the ones that lose the race are told
+    it exists already, and none of them fails to start."""
+    await driver.execute_query("DROP INDEX pml_link_type IF EXISTS")
+    await asyncio.gather(*(store.ensure_schema() for _ in range(6)))
+    records, _, _ = await driver.execute_query(
+        "SHOW INDEXES YIELD name WHERE name = 'pml_link_type' RETURN count(*) AS n"
+    )
+    assert records[0]["n"] == 1

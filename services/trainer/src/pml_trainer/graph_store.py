@@ -56,6 +56,8 @@ SCHEMA = (
     "CREATE INDEX pml_link_type IF NOT EXISTS FOR ()-[r:LINK]-() ON (r.type)",
 )
 
+_SCHEMA_RULE_EXISTS = "Neo.ClientError.Schema.EquivalentSchemaRuleAlreadyExists"
+
 
 @dataclass(frozen=True)
 class NodeStats:
@@ -269,7 +271,13 @@ class GraphStore:
     async def ensure_schema(self) -> None:
         """Constraints and indexes (idempotent; run at start-up)."""
         for statement in SCHEMA:
-            await self._driver.execute_query(statement, database_=self._database)
+            try:
+                await self._driver.execute_query(statement, database_=self._database)
+            except neo4j.exceptions.ClientError as exc:
+                # Replicas starting together race on `IF NOT EXISTS`: the one that loses is
+                # told the rule exists, which is the outcome it wanted.
+                if exc.code != _SCHEMA_RULE_EXISTS:
+                    raise
 
     # --- event writes: each returns False when the event had already been applied ----------
 
