@@ -32,7 +32,12 @@ from rich.progress import Progress
 from pml.v1 import knowledge_pb2_grpc
 from pml_cli import ingest_client
 from pml_cli.ask_client import ask, knowledge_stub
-from pml_cli.eval_knowledge import KnowledgeQuestion, load_corpus, load_questions
+from pml_cli.eval_knowledge import (
+    KnowledgeQuestion,
+    load_corpus,
+    load_questions,
+    wait_chunks_indexed,
+)
 from pml_cli.ingest_files import SourceDocument
 from pml_cli.local_stack import (
     INGEST_PASSES,
@@ -66,6 +71,7 @@ def bench_knowledge(
                     stack.processes.append(start_service(name, stack.settings, stack.state_dir))
             per_pass = _staged_passes(stack, "bench-staged", docs, console)
             end_to_end = _end_to_end(stack.settings, "bench", docs, console)
+            wait_chunks_indexed(stack.settings, console)
             latency = _ask_latency(stack.settings, "bench", questions, rounds, console)
         finally:
             stack.stop()

@@ -10,6 +10,9 @@ ingested again); then every question is asked through `Ask` with the method:
 - `vector`: plain vector search over the chunks, without the graph;
 - `graph-first`: the whole runtime (seeds, paths, evidence plan, filtered vector search).
 
+Questions are asked once every pass is done for every document and search has acknowledged
+every `ChunksExtracted` (it indexes the chunks on its own, outside the pass statuses).
+
 The ranked documents of a question are the documents of the returned evidence chunks, in
 order, without repeats. Metrics, exactly as the data README defines them: recall@k = mean over
 questions of |supporting ∩ top-k documents| / |supporting| (k = 2, 5); all_evidence@8 = share
@@ -28,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import redis
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.progress import Progress
@@ -38,9 +42,12 @@ from pml_cli.eval_tools import EvalError
 from pml_cli.ingest_files import IngestFileError, SourceDocument, load_documents
 from pml_cli.local_stack import running_system
 from pml_cli.metrics import KnowledgeMetrics
-from pml_common.settings import Settings
+from pml_common.events import Streams
+from pml_common.settings import Settings, redis_credentials
 
 KNOWLEDGE_SERVICES = ("search", "ingest")
+#: Search's consumer group of `ChunksExtracted` (it indexes the chunks; see pml_search).
+CHUNK_GROUP = "search-chunks"
 #: Evidence chunks asked per question: enough for 8 distinct documents on these sets.
 ASK_K = 20
 IN_FLIGHT = 4
@@ -111,11 +118,47 @@ def ingest_corpus(
             f"ingestion of the corpus did not complete: {counts} "
             f"(see `pml ingest status --tenant {tenant}`)"
         )
+    wait_chunks_indexed(settings, console)
     return {
         "documents": len(ids),
         "unchanged": unchanged,
         "ingest_seconds": round(time.perf_counter() - started, 1),
     }
+
+
+def _chunk_backlog(client: redis.Redis, stream: str = Streams.CHUNKS_EXTRACTED) -> int | None:
+    """Entries of `ChunksExtracted` search has not yet read or acknowledged; None when its
+    group (or the stream) does not exist yet."""
+    try:
+        groups = client.xinfo_groups(stream)
+    except redis.ResponseError:
+        return None
+    for group in groups:
+        name = group["name"].decode() if isinstance(group["name"], bytes) else group["name"]
+        if name == CHUNK_GROUP:
+            lag = group.get("lag")
+            return int(group["pending"]) + (int(lag) if lag is not None else 1)
+    return None
+
+
+def wait_chunks_indexed(
+    settings: Settings,
+    console: Console,
+    timeout_s: float = 600.0,
+    stream: str = Streams.CHUNKS_EXTRACTED,
+) -> None:
+    """Pass statuses say when the graph is done; search indexes the chunks from
+    `ChunksExtracted` on its own: wait until its group has read and acknowledged every entry."""
+    client = redis.Redis.from_url(settings.redis_url, **redis_credentials(settings))
+    deadline = time.monotonic() + timeout_s
+    try:
+        with console.status("waiting for search to index the chunks…"):
+            while (backlog := _chunk_backlog(client, stream)) != 0:
+                if time.monotonic() > deadline:
+                    raise EvalError(f"search has not indexed the chunks (backlog {backlog})")
+                time.sleep(0.5)
+    finally:
+        client.close()
 
 
 def ask_all(
