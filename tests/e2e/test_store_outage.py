@@ -1,20 +1,35 @@
-"""Redis or Neo4j briefly unavailable: gRPC answers UNAVAILABLE, then service resumes without
-a restart. The system here has its own Redis and Neo4j, so stopping them disturbs no other test."""
+"""Redis or Neo4j unavailable: gRPC answers UNAVAILABLE quickly, then service resumes without
+a restart. The system here has its own Redis and Neo4j, so stopping them disturbs no other test.
+
+Redis runs without persistence, so a restarted Redis is an emptied one: the consumer groups are
+gone and the services must recreate them (NOGROUP) instead of stopping or crash-looping, and
+handle the events published afterwards. Each drill prints its measured figures as one
+`drill {...}` JSON line (`pytest -s` shows them); docs/operations.md, "Failure drills", records
+them.
+"""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
+import redis
 
 from pml.v1 import common_pb2, search_pb2, search_pb2_grpc
 from pml_cli.local_stack import LocalStack
+from pml_common.events import ExecutionCompleted, ExecutionStep, Streams
 from pml_common.local_runtime import ManagedProcess, restart
 
 pytestmark = pytest.mark.e2e
+
+
+def report(drill: str, **figures: Any) -> None:
+    print("drill " + json.dumps({"drill": drill, **figures}), flush=True)
 
 
 @pytest.fixture(scope="module")
@@ -61,25 +76,84 @@ def _until_ok(call, timeout: float = 60.0):
             time.sleep(0.5)
 
 
-def test_redis_outage_is_unavailable_then_recovers(own_stack: LocalStack) -> None:
+def _until(condition, timeout: float, what: str) -> float:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not reached within {timeout}s")
+        time.sleep(0.1)
+    return time.monotonic()
+
+
+def _executions(stub: search_pb2_grpc.SearchServiceStub, tenant: str, tool: str) -> int:
+    node = stub.GetNode(search_pb2.GetNodeRequest(tenant_id=tenant, id=tool), timeout=10)
+    return node.executions
+
+
+def _services(stack: LocalStack) -> dict[str, ManagedProcess]:
+    return {p.name: p for p in stack.processes if p.name in ("search", "trainer")}
+
+
+def _log_count(proc: ManagedProcess, event: str) -> int:
+    return proc.log_path.read_text(errors="replace").count(event)
+
+
+def test_redis_restarted_empty_is_unavailable_then_groups_are_recreated(
+    own_stack: LocalStack,
+) -> None:
     tenant = f"o-{uuid.uuid4().hex[:8]}"
+    services = _services(own_stack)
+    pids = {name: proc.pid for name, proc in services.items()}
     with grpc.insecure_channel(own_stack.settings.search_addr) as channel:
         stub = search_pb2_grpc.SearchServiceStub(channel)
         register = lambda tools: stub.RegisterTools(  # noqa: E731
             search_pb2.RegisterToolsRequest(tenant_id=tenant, tools=tools), timeout=30
         )
         register([_tool("read_file")])
-        redis = _store(own_stack, "redis")
-        redis.stop()
+        redis_proc = _store(own_stack, "redis")
+        redis_proc.stop()
         started = time.monotonic()
         assert _status(lambda: register([_tool("write_file")])) == grpc.StatusCode.UNAVAILABLE
-        assert time.monotonic() - started < 15, "UNAVAILABLE should come quickly"
-        _replace(own_stack, redis, restart(redis))
+        unavailable_s = time.monotonic() - started
+        assert unavailable_s < 15, "UNAVAILABLE should come quickly"
+        _replace(own_stack, redis_proc, restart(redis_proc))
+        restarted = time.monotonic()
+        client = redis.Redis.from_url(own_stack.settings.redis_url)
+        assert client.dbsize() == 0, "the restarted Redis starts empty"
         _until_ok(lambda: register([_tool("write_file")]))
+        grpc_back = time.monotonic()
+        # An event published after the restart reaches the trainer through a recreated group,
+        # and its effect reaches search through search's recreated group for GraphChanged.
+        execution = ExecutionCompleted.create(
+            tenant_id=tenant,
+            intent="write a file",
+            steps=[ExecutionStep(node_id="fs:write_file", success=True)],
+            outcome="success",
+        )
+        client.xadd(Streams.EXECUTION_COMPLETED, {"data": execution.to_json()})
+        handled = _until(
+            lambda: _executions(stub, tenant, "fs:write_file") == 1, 60, "the execution counted"
+        )
         reply = stub.Search(
             search_pb2.SearchRequest(tenant_id=tenant, query="write a file"), timeout=30
         )
+        groups = {
+            info["name"].decode() for info in client.xinfo_groups(Streams.EXECUTION_COMPLETED)
+        }
+        client.close()
     assert reply.results[0].id == "fs:write_file"
+    assert "trainer" in groups
+    # No crash loop: the very processes started before the outage still serve.
+    assert {name: proc.pid for name, proc in services.items()} == pids
+    assert all(proc.alive() for proc in services.values())
+    restarts = {name: _log_count(proc, "bus.consumer_restarted") for name, proc in services.items()}
+    report(
+        "redis_restarted_empty",
+        time_to_unavailable_s=round(unavailable_s, 2),
+        grpc_resumed_after_restart_s=round(grpc_back - restarted, 2),
+        event_handled_after_restart_s=round(handled - restarted, 2),
+        consumers_restarted=restarts,
+    )
 
 
 def test_neo4j_outage_is_unavailable_then_recovers(own_stack: LocalStack) -> None:
@@ -103,8 +177,18 @@ def test_neo4j_outage_is_unavailable_then_recovers(own_stack: LocalStack) -> Non
                 search_pb2.SearchRequest(tenant_id=fresh, query="list a folder"), timeout=30
             )
         )
+        unavailable_s = time.monotonic() - started
         assert code == grpc.StatusCode.UNAVAILABLE
-        assert time.monotonic() - started < 15, "UNAVAILABLE should come quickly"
+        assert unavailable_s < 15, "UNAVAILABLE should come quickly"
+        restarting = time.monotonic()
         _replace(own_stack, neo4j, restart(neo4j))
+        back = time.monotonic()
         reply = _until_ok(search)
+        resumed = time.monotonic()
     assert reply.results[0].id == "fs:list_directory"
+    report(
+        "neo4j_stopped",
+        time_to_unavailable_s=round(unavailable_s, 2),
+        neo4j_restart_s=round(back - restarting, 2),
+        service_resumed_after_neo4j_back_s=round(resumed - back, 2),
+    )
