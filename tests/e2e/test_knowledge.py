@@ -20,6 +20,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,8 @@ from pml_common.context_id import make_context_id
 from pml_common.local_runtime import ManagedProcess
 from pml_common.settings import Settings
 
-pytestmark = pytest.mark.e2e
+# The first test also starts the system and ingests the corpora (module fixtures).
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 CORPUS = {
     "quotation.md": """# Solution Quotation Management
@@ -165,11 +167,13 @@ def tenants(
     """Tenant A with the corpus, tenant B with the same document ids and other content."""
     a, b = f"e2e-ka-{uuid.uuid4().hex[:8]}", f"e2e-kb-{uuid.uuid4().hex[:8]}"
     folder = tmp_path_factory.mktemp("knowledge")
-    for tenant, corpus in ((a, CORPUS), (b, B_CORPUS)):
-        path = write_corpus(folder / tenant, corpus)
-        done = pml("ingest", str(path), "--tenant", tenant, "--json")
-        assert done.returncode == 0, done.stderr
-        assert json.loads(done.stdout)["done"] == len(corpus)
+    corpora = {a: CORPUS, b: B_CORPUS}
+    paths = {t: str(write_corpus(folder / t, c)) for t, c in corpora.items()}
+    with ThreadPoolExecutor(2) as pool:  # both tenants through the pipeline at once
+        results = pool.map(lambda t: (t, pml("ingest", paths[t], "--tenant", t, "--json")), paths)
+        for tenant, done in results:
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout)["done"] == len(corpora[tenant])
     return a, b
 
 
