@@ -1,5 +1,6 @@
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from pml_cli.main import app
@@ -13,6 +14,9 @@ KEYS = {
     "ratio",
     "bus_s",
     "raw_s",
+    "bus_cpu_s",
+    "raw_cpu_s",
+    "cpu_ratio",
     "handled",
     "handled_more_than_once",
     "not_handled",
@@ -31,6 +35,10 @@ def test_bench_bus_handles_every_event_exactly_once_and_prints_json() -> None:
     assert report["events_per_s"] > 0 and report["raw_events_per_s"] > 0
     ratio = report["events_per_s"] / report["raw_events_per_s"]
     assert abs(report["ratio"] - ratio) < 0.01
+    assert report["bus_cpu_s"] > 0 and report["raw_cpu_s"] > 0
+    # both CPU times are rounded to 10 ms, which a short run feels
+    cpu_quotient = report["raw_cpu_s"] / report["bus_cpu_s"]
+    assert report["cpu_ratio"] == pytest.approx(cpu_quotient, rel=0.2)
 
 
 def test_bench_bus_refuses_a_count_below_one() -> None:

@@ -14,6 +14,12 @@ stream in a consumer group (batches of 16, as the bus reads) and acknowledges ea
 Both rates count stream entries (duplicates included) from the first publish to the last
 acknowledgement. `handled_more_than_once` and `not_handled` count distinct event ids whose
 handler ran more than once or never: both are 0 when the bus handled every event exactly once.
+
+`bus_cpu_s` and `raw_cpu_s` are the CPU seconds this process spent in each run (publisher and
+consumer share it), and `cpu_ratio` is `raw_cpu_s / bus_cpu_s`: the framework's cost per entry
+as CPU, which other processes competing for the machine's cores stretch far less than elapsed
+time. On a busy machine the two runs of one command can meet very different loads, so `ratio`
+swings from run to run while `cpu_ratio` stays put.
 """
 
 from __future__ import annotations
@@ -59,8 +65,8 @@ def bench_bus(events: int, console: Console) -> dict[str, Any]:
             settings = Settings(redis_url=redis_server.url, consumer_name="bench-bus")
             # Spans are made as in the services (sampled, no exporter configured).
             setup_telemetry("pml-bench-bus", settings)
-            raw_s = asyncio.run(_raw_run(settings, sent, order, console))
-            bus_s, handled = asyncio.run(_bus_run(settings, sent, order, console))
+            raw_s, raw_cpu_s = asyncio.run(_raw_run(settings, sent, order, console))
+            bus_s, bus_cpu_s, handled = asyncio.run(_bus_run(settings, sent, order, console))
         finally:
             redis_server.stop()
     entries = len(order)
@@ -75,6 +81,9 @@ def bench_bus(events: int, console: Console) -> dict[str, Any]:
         "ratio": round(events_per_s / raw_events_per_s, 3),
         "bus_s": round(bus_s, 2),
         "raw_s": round(raw_s, 2),
+        "bus_cpu_s": round(bus_cpu_s, 2),
+        "raw_cpu_s": round(raw_cpu_s, 2),
+        "cpu_ratio": round(raw_cpu_s / bus_cpu_s, 3),
         "handled": sum(handled.values()),
         "handled_more_than_once": sum(1 for n in handled.values() if n > 1),
         "not_handled": sum(1 for e in sent if e.event_id not in handled),
@@ -112,7 +121,7 @@ def _publication_order(events: int) -> list[int]:
 
 async def _raw_run(
     settings: Settings, sent: list[ExecutionCompleted], order: list[int], console: Console
-) -> float:
+) -> tuple[float, float]:
     stream = sent[0].STREAM
     payloads = [e.to_json() for e in sent]
     redis = aioredis.Redis.from_url(settings.redis_url)
@@ -147,7 +156,7 @@ async def _raw_run(
 
 async def _bus_run(
     settings: Settings, sent: list[ExecutionCompleted], order: list[int], console: Console
-) -> tuple[float, Counter[str]]:
+) -> tuple[float, float, Counter[str]]:
     stream = sent[0].STREAM
     handled: Counter[str] = Counter()
 
@@ -167,12 +176,12 @@ async def _bus_run(
             async def consume(stop: asyncio.Event) -> None:
                 await stop.wait()  # the bus's own subscribers consume
 
-            seconds = await _timed_run(
+            seconds, cpu_seconds = await _timed_run(
                 redis, stream, len(order), publish, consume, "pml bus (FastStream)", console
             )
     finally:
         await redis.aclose()
-    return seconds, handled
+    return seconds, cpu_seconds, handled
 
 
 async def _timed_run(
@@ -183,22 +192,25 @@ async def _timed_run(
     consume: Callable[[asyncio.Event], Awaitable[None]],
     label: str,
     console: Console,
-) -> float:
-    """Seconds from the first publish until the group has read and acknowledged every entry."""
+) -> tuple[float, float]:
+    """Seconds, and CPU seconds of this process, from the first publish until the group has
+    read and acknowledged every entry."""
     stop = asyncio.Event()
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(label, total=entries)
         started = time.perf_counter()
+        cpu_started = time.process_time()
         consumer = asyncio.create_task(consume(stop))
         publisher = asyncio.create_task(publish())
         try:
             await _until_acknowledged(redis, stream, entries, publisher, progress, task)
             elapsed = time.perf_counter() - started
+            cpu_elapsed = time.process_time() - cpu_started
             await publisher
         finally:
             stop.set()
             await consumer
-    return elapsed
+    return elapsed, cpu_elapsed
 
 
 async def _until_acknowledged(
