@@ -55,7 +55,9 @@ _ROUTES_OF_KEY = """
   LIMIT $per_key
 """
 
-_ROUTE = "{context_id: s.context_id, document_id: s.document_id, weight: weight, via: via}"
+# A route as a list (context id, document id, weight, via): lists of values decode several times
+# faster in the driver than one record or map per route.
+_ROUTE = "[s.context_id, s.document_id, weight, via]"
 
 # The keys that are concepts or topics of the tenant, each with its routes (one round trip).
 _ANCHORS = f"""
@@ -83,13 +85,13 @@ MATCH (d:Document {tenant_id: $tenant})
 RETURN coalesce(sum(d.section_count), 0) AS sections
 """
 
-# Routes of given keys (the inner concepts of paths).
+# Routes of given keys (the chosen bridges, the inner concepts of paths), one row per key.
 _ROUTES = f"""
 UNWIND $keys AS key
 CALL (key) {{
 {_ROUTES_OF_KEY}
 }}
-RETURN key, s.context_id AS context_id, s.document_id AS document_id, weight, via
+RETURN key, collect({_ROUTE}) AS routes
 """
 
 # The concepts of some sections that lead elsewhere (mentioned in more than one section, in at
@@ -99,11 +101,11 @@ _BRIDGES = """
 UNWIND $context_ids AS context_id
 MATCH (:SectionContext {tenant_id: $tenant, context_id: context_id})
       <-[m:MENTIONED_IN]-(c:CanonicalConcept {tenant_id: $tenant})
-WITH c, collect({context_id: context_id, salience: m.salience}) AS seen_in
+WITH c, collect([context_id, m.salience]) AS seen_in
 WITH c, seen_in, COUNT { (c)-[:MENTIONED_IN]->() } AS sections,
      EXISTS { MATCH (:Topic {tenant_id: $tenant, topic_id: c.canonical_name}) } AS topic
 WHERE (sections > 1 OR topic) AND sections <= $max_sections
-RETURN c.canonical_name AS key, seen_in, sections, topic
+RETURN collect([c.canonical_name, sections, topic, seen_in]) AS bridges
 """
 
 # The Cypher fallback of GDS Yen: shortest paths by hops over the semantic relations of the
@@ -218,10 +220,7 @@ class KnowledgeReads:
         if not keys:
             return []
         rows = await self._read(_ROUTES, tenant=tenant, keys=list(keys), per_key=per_key)
-        return [
-            Route(r["key"], r["context_id"], r["document_id"], float(r["weight"]), r["via"])
-            for r in rows
-        ]
+        return [_route(r["key"], x) for r in rows for x in r["routes"]]
 
     async def bridges(
         self, tenant: str, context_ids: Sequence[str], max_sections: int
@@ -232,14 +231,15 @@ class KnowledgeReads:
         rows = await self._read(
             _BRIDGES, tenant=tenant, context_ids=list(context_ids), max_sections=max_sections
         )
+        found = rows[0]["bridges"] if rows else []
         return [
             Bridge(
-                key=r["key"],
-                seen_in={x["context_id"]: float(x["salience"]) for x in r["seen_in"]},
-                sections=int(r["sections"]),
-                topic=bool(r["topic"]),
+                key=key,
+                seen_in={context_id: float(salience) for context_id, salience in seen_in},
+                sections=int(sections),
+                topic=bool(topic),
             )
-            for r in rows
+            for key, sections, topic, seen_in in found
         ]
 
     async def cypher_paths(
@@ -279,8 +279,9 @@ class KnowledgeReads:
         return list(records)
 
 
-def _route(key: str, row: Any) -> Route:
-    return Route(key, row["context_id"], row["document_id"], float(row["weight"]), row["via"])
+def _route(key: str, row: Sequence[Any]) -> Route:
+    context_id, document_id, weight, via = row
+    return Route(key, context_id, document_id, float(weight), via)
 
 
 def _edge(row: Any) -> Edge:
