@@ -17,7 +17,8 @@ invariants of §9 hold on every code path and are checked where the answer is ma
 
 When the plan's sections hold fewer than `k` chunks, the nearest chunks outside it complete the
 answer (plan weight 0), so an answer always has `k` chunks when the tenant has them.
-Each stage runs in its own span and is timed in the answer.
+Each stage runs in its own span and is timed in the answer. The question is embedded while the
+graph is queried (that reads no store); the `embed` stage is what is left to wait for it.
 """
 
 from __future__ import annotations
