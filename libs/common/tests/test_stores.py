@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -12,7 +13,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from pml_common.local_runtime import restart, start_neo4j, start_redis
 from pml_common.settings import Settings
-from pml_common.stores import neo4j_auth, neo4j_driver, qdrant_client, redis_client
+from pml_common.stores import (
+    ensure_neo4j_schema,
+    neo4j_auth,
+    neo4j_driver,
+    qdrant_client,
+    redis_client,
+)
 
 # Without a server the calls below must fail within this many seconds (no hang).
 FAIL_FAST_S = 10.0
@@ -39,6 +46,29 @@ async def test_neo4j_driver_runs_queries(settings: Settings) -> None:
         )
         assert records[0]["y"] == 42
     finally:
+        await driver.close()
+
+
+async def test_processes_starting_together_all_ensure_the_schema(settings: Settings) -> None:
+    """Replicas creating the same rule at once: the ones that lose the race are told it exists
+    already, and none of them fails; any other schema error still does."""
+    index = "pml_test_race_index"
+    statement = f"CREATE INDEX {index} IF NOT EXISTS FOR (n:RaceProbe) ON (n.key)"
+    db = settings.neo4j_database
+    driver = neo4j_driver(settings)
+    try:
+        await driver.execute_query(f"DROP INDEX {index} IF EXISTS", database_=db)
+        await asyncio.gather(*(ensure_neo4j_schema(driver, [statement], db) for _ in range(6)))
+        records, _, _ = await driver.execute_query(
+            "SHOW INDEXES YIELD name WHERE name = $name RETURN count(*) AS n",
+            name=index,
+            database_=db,
+        )
+        assert records[0]["n"] == 1
+        with pytest.raises(neo4j.exceptions.ClientError):
+            await ensure_neo4j_schema(driver, ["CREATE INDEX FOR (n:RaceProbe) ON"], db)
+    finally:
+        await driver.execute_query(f"DROP INDEX {index} IF EXISTS", database_=db)
         await driver.close()
 
 

@@ -8,6 +8,7 @@ client works again as soon as the store is back, without being rebuilt.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import neo4j
@@ -42,6 +43,8 @@ NEO4J_MAX_RETRY_TIME_S = 5.0
 NEO4J_LIVENESS_CHECK_S = 2.0
 
 QDRANT_TIMEOUT_S = 10
+
+_SCHEMA_RULE_EXISTS = "Neo.ClientError.Schema.EquivalentSchemaRuleAlreadyExists"
 
 
 def redis_client(settings: Settings, *, socket_timeout: float | None = 5.0) -> redis.asyncio.Redis:
@@ -89,6 +92,22 @@ def neo4j_driver(settings: Settings) -> neo4j.AsyncDriver:
         liveness_check_timeout=NEO4J_LIVENESS_CHECK_S,
         keep_alive=True,
     )
+
+
+async def ensure_neo4j_schema(
+    driver: neo4j.AsyncDriver, statements: Iterable[str], database: str
+) -> None:
+    """Run `CREATE ... IF NOT EXISTS` schema statements, safe for replicas starting together.
+
+    Two processes creating the same rule at once race inside `IF NOT EXISTS`: the one that
+    loses is told the rule exists, which is the outcome it wanted.
+    """
+    for statement in statements:
+        try:
+            await driver.execute_query(statement, database_=database)
+        except neo4j.exceptions.ClientError as exc:
+            if exc.code != _SCHEMA_RULE_EXISTS:
+                raise
 
 
 def qdrant_client(settings: Settings) -> AsyncQdrantClient:

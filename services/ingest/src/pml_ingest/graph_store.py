@@ -22,6 +22,7 @@ import neo4j
 
 from pml_common.events import utcnow
 from pml_common.knowledge_graph import SCHEMA, SEMANTIC_RELATION_TYPES
+from pml_common.stores import ensure_neo4j_schema
 from pml_ingest.policy import MAX_CONFIDENCE, MIN_INDEPENDENT, PER_EXTRA_EVIDENCE, Relation
 from pml_ingest.verifier import Concept, SectionEvidence
 
@@ -319,8 +320,8 @@ class GraphStore:
         self.write_batch = write_batch
 
     async def ensure_schema(self) -> None:
-        for statement in SCHEMA:
-            await self._driver.execute_query(statement, database_=self._database)
+        """Constraints and indexes (idempotent, safe for workers starting together)."""
+        await ensure_neo4j_schema(self._driver, SCHEMA, self._database)
 
     # --- documents ------------------------------------------------------------------------
 

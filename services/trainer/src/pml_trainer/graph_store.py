@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import neo4j
 
 from pml_common.events import TOOL_ID_PATTERN, CapabilitySpec, ToolSpec, utcnow
+from pml_common.stores import ensure_neo4j_schema
 from pml_trainer.cold_start import CatalogTool, ColdStartEdge
 from pml_trainer.statistics import (
     EdgeKey,
@@ -55,8 +56,6 @@ SCHEMA = (
     "CREATE INDEX pml_applied_event_at IF NOT EXISTS FOR (n:AppliedEvent) ON (n.applied_at)",
     "CREATE INDEX pml_link_type IF NOT EXISTS FOR ()-[r:LINK]-() ON (r.type)",
 )
-
-_SCHEMA_RULE_EXISTS = "Neo.ClientError.Schema.EquivalentSchemaRuleAlreadyExists"
 
 
 @dataclass(frozen=True)
@@ -270,14 +269,7 @@ class GraphStore:
 
     async def ensure_schema(self) -> None:
         """Constraints and indexes (idempotent; run at start-up)."""
-        for statement in SCHEMA:
-            try:
-                await self._driver.execute_query(statement, database_=self._database)
-            except neo4j.exceptions.ClientError as exc:
-                # Replicas starting together race on `IF NOT EXISTS`: the one that loses is
-                # told the rule exists, which is the outcome it wanted.
-                if exc.code != _SCHEMA_RULE_EXISTS:
-                    raise
+        await ensure_neo4j_schema(self._driver, SCHEMA, self._database)
 
     # --- event writes: each returns False when the event had already been applied ----------
 
