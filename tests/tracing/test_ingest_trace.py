@@ -118,6 +118,7 @@ async def test_one_document_is_one_trace_across_every_pass_and_chunk_indexing(
     assert trace.assert_one_tree() is client
     submit = trace.one(SUBMIT, SpanKind.SERVER)
     assert_remote_child(trace, submit, client)
+    assert dict(submit.attributes or {})["pml.tenant_id"] == tenant
 
     # Each pass consumes the event the one before published, through the event's trace field.
     assert_local_child(trace, _published(trace, "DocumentSubmitted"), submit)

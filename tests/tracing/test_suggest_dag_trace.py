@@ -155,7 +155,8 @@ async def test_one_suggest_dag_call_is_one_trace_across_services_and_neo4j(
         assert_local_child(trace, out, planner)
         assert_remote_child(trace, trace.one(method, SpanKind.SERVER), out)
     scorer = trace.one(SCORE, SpanKind.SERVER)
-    assert dict(scorer.attributes or {})["pml.tenant_id"] == tenant
+    for server in (scorer, trace.one(SEARCH, SpanKind.SERVER)):  # every server names the tenant
+        assert dict(server.attributes or {})["pml.tenant_id"] == tenant
 
     # The planner read the tenant's hypergraph, the scorer its tool graph, in their requests.
     planner_reads = _neo4j_children(trace, planner)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from opentelemetry import trace
+
 from pml_common.grpc_server import invalid_argument
 from pml_common.settings import Settings
 
@@ -25,14 +27,17 @@ def tenant_of(tenant_id: str, settings: Settings) -> str:
 
     Any other text is a tenant of its own, matched exactly (stores only ever receive it as a
     query parameter or a payload value), except control characters, which have no business in
-    an id and would garble the logs that quote it.
+    an id and would garble the logs that quote it. Every handler names its tenant here, so the
+    request's server span is tagged with it (`pml.tenant_id`) for every RPC alike.
     """
     tenant = tenant_id.strip()
     if len(tenant) > MAX_TEXT:
         raise invalid_argument(f"tenant_id is longer than {MAX_TEXT} characters")
     if _CONTROL.search(tenant):
         raise invalid_argument("tenant_id must not hold control characters")
-    return tenant or settings.default_tenant
+    tenant = tenant or settings.default_tenant
+    trace.get_current_span().set_attribute("pml.tenant_id", tenant)
+    return tenant
 
 
 def text_of(text: str, settings: Settings, field: str) -> str:

@@ -72,7 +72,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             await self._memory.remember(
                 tenant, intent, "next", decision.context, plan.confidence, [first]
             )
-        _annotate(tenant, method, plan.target, plan.confidence, decision.accepted)
+        _annotate(method, plan.target, plan.confidence, decision.accepted)
         return planner_pb2.PredictNextResponse(
             next_tool=first if decision.accepted else "",
             target_capability=plan.target,
@@ -111,7 +111,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             await self._memory.remember(
                 tenant, intent, "dag", decision.context, plan.confidence, tools
             )
-        _annotate(tenant, method, plan.target, plan.confidence, decision.accepted)
+        _annotate(method, plan.target, plan.confidence, decision.accepted)
         return planner_pb2.SuggestDagResponse(
             target_capability=plan.target,
             nodes=list(plan.nodes),
@@ -198,9 +198,8 @@ def _context_tools(tools: Iterable[str]) -> list[str]:
     return values
 
 
-def _annotate(tenant: str, method: str, target: str, confidence: float, accepted: bool) -> None:
+def _annotate(method: str, target: str, confidence: float, accepted: bool) -> None:
     span = trace.get_current_span()
-    span.set_attribute("pml.tenant_id", tenant)
     span.set_attribute("pml.planner.method", method)
     span.set_attribute("pml.planner.target", target)
     span.set_attribute("pml.planner.confidence", confidence)

@@ -128,7 +128,6 @@ class ScorerServicer(scorer_pb2_grpc.ScorerServiceServicer):
     # --- helpers ------------------------------------------------------------------------------
 
     async def _model(self, tenant: str) -> TenantModel:
-        trace.get_current_span().set_attribute("pml.tenant_id", tenant)
         return await self._snapshots.get(tenant)
 
     async def _vector(
