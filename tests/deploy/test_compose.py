@@ -169,6 +169,10 @@ def test_neo4j_is_5_26_with_gds() -> None:
     assert yaml.safe_load(neo4j["environment"]["NEO4J_PLUGINS"]) == ["graph-data-science"]
 
 
+def test_jaeger_keeps_a_bounded_number_of_traces_in_memory() -> None:
+    assert int(env_of("jaeger")["MEMORY_MAX_TRACES"]) > 0
+
+
 def _workspace_members() -> list[str]:
     root = (ROOT / "pyproject.toml").read_text()
     members = re.search(r"members = \[(.*?)\]", root, re.S)
