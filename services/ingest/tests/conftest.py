@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ from pml_common.events import (
     Pass2aCompleted,
     Pass2bCompleted,
 )
+from pml_common.latest_wins import LatestWins
 from pml_common.settings import Settings
 from pml_ingest.extraction import ConceptExtractor
 from pml_ingest.graph_store import GraphStore
@@ -88,7 +90,8 @@ async def pipeline(settings: Settings, graph_db, redis) -> AsyncIterator[Pipelin
     store = GraphStore(graph_db, settings.neo4j_database, write_batch=3)
     await store.ensure_schema()
     recorder = Recorder()
-    runtime = PassRuntime(store, StatusStore(redis), recorder, settings)
+    claims = LatestWins(redis, f"test-{uuid.uuid4().hex[:8]}")
+    runtime = PassRuntime(store, StatusStore(redis), recorder, settings, claims)
     yield Pipeline(
         store,
         runtime.status,

@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
 import pytest
 
 from pml_common.events import DocumentSubmitted
-from pml_ingest.passes import PassRuntime, RelationPass
+from pml_ingest.passes import RelationPass
 from pml_ingest.verifier import LlmVerifier
 
 SALES = """# Sales
@@ -93,7 +94,7 @@ async def test_llm_proposals_stand_only_on_quotes_found_in_the_text(
         update={"pass3_verifier": "llm", "llm_verifier_url": fake_llm, "llm_verifier_model": "fake"}
     )
     verifier = LlmVerifier.from_settings(llm_settings)
-    runtime = PassRuntime(pipeline.store, pipeline.status, pipeline.recorder, llm_settings)
+    runtime = replace(pipeline.chunking.rt, settings=llm_settings)
     pipeline.pass3 = RelationPass(runtime, verifier)
     for doc, text in (("sales", SALES), ("stock", INVENTED)):
         await pipeline.run(

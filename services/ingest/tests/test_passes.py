@@ -242,6 +242,32 @@ Service Contract Execution requires Solution Quotation Management in every regio
     assert await counts(graph_db, tenant) == {}
 
 
+async def test_requests_handled_out_of_order_apply_in_the_order_made(pipeline, tenant, graph_db):
+    """A submission and a deletion travel on different streams: whichever is handled first, the
+    one requested last wins, and an older version never replaces a newer one."""
+    first = submitted(tenant, "sales", SALES)
+    deleted = DocumentDeleted.create(tenant_id=tenant, document_id="sales")
+    await pipeline.run(deleted)  # handled before the submission it follows
+    await pipeline.run(first)
+    assert await counts(graph_db, tenant) == {}
+    assert await pipeline.status.get(tenant, "sales") is None
+    assert not any(isinstance(e, ChunksExtracted) for e in pipeline.recorder.events)
+
+    changed = SALES.replace("Service Contract Execution requires", "Billing follows")
+    newer = submitted(tenant, "sales", changed)
+    await pipeline.run(newer)
+    state = await counts(graph_db, tenant)
+    await pipeline.run(first)  # the older version, late
+    await pipeline.run(deleted)  # the deletion, later still
+    assert await counts(graph_db, tenant) == state
+    texts = await q(
+        graph_db, "MATCH (s:SectionContext {tenant_id: $t}) RETURN s.text AS text", t=tenant
+    )
+    assert texts and all("requires" not in row["text"] for row in texts)
+    [chunks] = [e for e in pipeline.recorder.events if isinstance(e, ChunksExtracted)]
+    assert chunks.submitted_at == newer.occurred_at  # search orders the chunks by it
+
+
 async def test_tenants_are_isolated(pipeline, tenant, graph_db):
     other = f"{tenant}-other"
     await pipeline.run(submitted(tenant, "sales", SALES))

@@ -1,16 +1,19 @@
 """Chunks from ChunksExtracted in the embedded vector store: replace, idempotence, deletion,
-tenant isolation, and search filtered by context id."""
+tenant isolation, search filtered by context id, and events handled out of order."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from pml_common.context_id import make_context_id
 from pml_common.embedding import build_embedder
-from pml_common.events import ChunkPayload
+from pml_common.events import ChunkPayload, ChunksExtracted, DocumentDeleted
+from pml_common.latest_wins import LatestWins
 from pml_common.settings import Settings
+from pml_search.chunk_consumers import ChunkConsumers
 from pml_search.chunk_index import COLLECTION, ChunkIndex
 from pml_search.vector_store import QdrantVectorStore
 
@@ -71,3 +74,34 @@ async def test_search_filters_by_context_ids(
     ]
     assert only[0].text == chunks[0].text
     assert COLLECTION == "pml_chunks"
+
+
+async def test_events_handled_out_of_order_apply_in_the_order_requested(
+    index: ChunkIndex, tenant: str, settings: Settings, redis
+) -> None:
+    """The chunks of a submission, its deletion and a newer version travel on three streams:
+    whatever order they are handled in, the latest request wins."""
+    consumers = ChunkConsumers(index, LatestWins(redis, "test-search-chunks"))
+    old = [_chunk("d1", "Guide / Quotes", "Quotes are approved.")]
+    new = [_chunk("d1", "Guide / Billing", "Invoices are sent.")]
+    submitted_at = datetime.now(UTC)
+
+    def extracted(chunks: list[ChunkPayload], at: datetime) -> ChunksExtracted:
+        return ChunksExtracted.create(
+            tenant_id=tenant, document_id="d1", chunks=chunks, submitted_at=at
+        )
+
+    deleted = DocumentDeleted.create(tenant_id=tenant, document_id="d1")
+    # the deletion is handled first; the chunks of the submission made before it come late
+    await consumers.on_document_deleted(deleted)
+    await consumers.on_chunks_extracted(extracted(old, submitted_at))
+    assert await index.count(tenant, "d1") == 0
+    # a version submitted after the deletion is indexed; an older one arriving late is not
+    await consumers.on_chunks_extracted(extracted(new, submitted_at + timedelta(seconds=2)))
+    await consumers.on_chunks_extracted(extracted(old, submitted_at + timedelta(seconds=1)))
+    [query] = await build_embedder(settings, redis).embed_queries(["invoices"])
+    [found] = await index.search(tenant, query, 5)
+    assert found.text == "Invoices are sent."
+    # and the late deletion no longer removes the newer version
+    await consumers.on_document_deleted(deleted)
+    assert await index.count(tenant, "d1") == 1

@@ -200,6 +200,11 @@ class ChunksExtracted(Event):
     type: Literal["ChunksExtracted"]
     document_id: NonEmpty
     chunks: list[ChunkPayload]
+    submitted_at: datetime | None = Field(
+        None,
+        description="When the submission these chunks come from was made; orders them against "
+        "deletions and other versions of the document (`pml_common.latest_wins`).",
+    )
 
 
 class _PassCompleted(Event):

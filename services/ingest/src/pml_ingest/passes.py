@@ -39,6 +39,7 @@ from pml_common.events import (
     TenantDeleted,
     _PassCompleted,
 )
+from pml_common.latest_wins import LatestWins
 from pml_common.settings import Settings
 from pml_ingest.chunker import Section, chunk_document
 from pml_ingest.classification import fine_type
@@ -80,6 +81,8 @@ class PassRuntime:
     status: StatusStore
     publisher: Publisher
     settings: Settings
+    #: Orders submissions and deletions of a document by when they were made (chunking only).
+    claims: LatestWins
 
     async def pause_after_first_write(self, pass_name: str, doc: str) -> None:
         """Test hook (`ingest_pause_after_first_write_s`): hold still mid-document."""
@@ -155,6 +158,9 @@ class ChunkingPass:
 
     async def _submitted(self, event: DocumentSubmitted) -> None:
         tenant, doc = event.tenant_id, event.document_id
+        if not await self.rt.claims.claim_document(tenant, doc, event.occurred_at):
+            log.info("ingest.superseded_submission_skipped", tenant=tenant, document_id=doc)
+            return
         chash = content_hash(event.title, event.text, event.format)
         await self.rt.status.ensure(tenant, doc, chash, event.title)
         state = await self.rt.store.document_state(tenant, doc)
@@ -213,7 +219,10 @@ class ChunkingPass:
             await store.drop_stale_sections(tenant, doc, [s.context_id for s in sections])
         await self.rt.publisher.publish(
             ChunksExtracted.create(
-                tenant_id=tenant, document_id=doc, chunks=_flatten_chunks(sections)
+                tenant_id=tenant,
+                document_id=doc,
+                chunks=_flatten_chunks(sections),
+                submitted_at=event.occurred_at,
             )
         )
         # Last: until this is set, a redelivery redoes the whole pass.
@@ -225,6 +234,10 @@ class ChunkingPass:
             await self._deleted(event)
 
     async def _deleted(self, event: DocumentDeleted) -> None:
+        tenant, doc = event.tenant_id, event.document_id
+        if not await self.rt.claims.claim_document(tenant, doc, event.occurred_at):
+            log.info("ingest.superseded_deletion_skipped", tenant=tenant, document_id=doc)
+            return
         with _tracer.start_as_current_span(
             "ingest.delete",
             attributes={"pml.tenant_id": event.tenant_id, "pml.document_id": event.document_id},
@@ -237,6 +250,8 @@ class ChunkingPass:
 
     async def on_tenant_deleted(self, event: TenantDeleted) -> None:
         async with self._serial:
+            # Requests about its documents made before this one are refused from now on.
+            await self.rt.claims.claim_tenant_deletion(event.tenant_id, event.occurred_at)
             nodes = await self.rt.store.delete_tenant(event.tenant_id)
             documents = await self.rt.status.forget_tenant(event.tenant_id)
         log.info("ingest.tenant_deleted", tenant=event.tenant_id, nodes=nodes, documents=documents)

@@ -18,12 +18,13 @@ from grpc_health.v1 import health_pb2
 
 from pml_common.bus import EventBus
 from pml_common.grpc_server import GrpcServer
+from pml_common.latest_wins import LatestWins
 from pml_common.lifecycle import wait_for_shutdown_signal
 from pml_common.settings import Settings
 from pml_common.stores import neo4j_driver, redis_client
 from pml_common.telemetry import configure_logging, setup_telemetry
 from pml_ingest.graph_store import GraphStore
-from pml_ingest.passes import PASS_TYPES, PassRuntime, build_pass
+from pml_ingest.passes import PASS_TYPES, PassRuntime, build_pass, group_of
 from pml_ingest.status import StatusStore
 
 #: gRPC health service name every pass worker reports.
@@ -42,7 +43,8 @@ async def serve(settings: Settings, pass_name: str) -> None:
     try:
         store = GraphStore(driver, settings.neo4j_database, settings.ingest_write_batch)
         await store.ensure_schema()
-        runtime = PassRuntime(store, StatusStore(redis), bus, settings)
+        claims = LatestWins(redis, group_of("chunking"))
+        runtime = PassRuntime(store, StatusStore(redis), bus, settings, claims)
         handler = build_pass(pass_name, runtime)
         handler.subscribe(bus)
         await bus.start()

@@ -2,21 +2,28 @@
 
 `ChunksExtracted` → the document's chunks replaced in the vector store; `DocumentDeleted` → its
 chunks removed; `TenantDeleted` → the tenant's chunks removed. All idempotent (see
-`chunk_index`).
+`chunk_index`). They travel on three streams and may be handled in another order than they were
+requested: each is applied only if no later request about the document was (`LatestWins`), so a
+late `ChunksExtracted` never brings back a deleted document or an older version.
 """
 
 from __future__ import annotations
 
+import structlog
+
 from pml_common.bus import EventBus
 from pml_common.events import ChunksExtracted, DocumentDeleted, TenantDeleted
+from pml_common.latest_wins import LatestWins
 from pml_search.chunk_index import ChunkIndex
 
 GROUP = "search-chunks"
+log = structlog.get_logger(__name__)
 
 
 class ChunkConsumers:
-    def __init__(self, index: ChunkIndex) -> None:
+    def __init__(self, index: ChunkIndex, claims: LatestWins) -> None:
         self._index = index
+        self._claims = claims
 
     def subscribe(self, bus: EventBus) -> None:
         bus.subscribe(ChunksExtracted, GROUP, self.on_chunks_extracted)
@@ -24,10 +31,19 @@ class ChunkConsumers:
         bus.subscribe(TenantDeleted, GROUP, self.on_tenant_deleted)
 
     async def on_chunks_extracted(self, event: ChunksExtracted) -> None:
-        await self._index.index_document(event.tenant_id, event.document_id, event.chunks)
+        tenant, doc = event.tenant_id, event.document_id
+        if await self._claims.claim_document(tenant, doc, event.submitted_at or event.occurred_at):
+            await self._index.index_document(tenant, doc, event.chunks)
+        else:
+            log.info("search.superseded_chunks_skipped", tenant=tenant, document_id=doc)
 
     async def on_document_deleted(self, event: DocumentDeleted) -> None:
-        await self._index.delete_document(event.tenant_id, event.document_id)
+        tenant, doc = event.tenant_id, event.document_id
+        if await self._claims.claim_document(tenant, doc, event.occurred_at):
+            await self._index.delete_document(tenant, doc)
+        else:
+            log.info("search.superseded_deletion_skipped", tenant=tenant, document_id=doc)
 
     async def on_tenant_deleted(self, event: TenantDeleted) -> None:
+        await self._claims.claim_tenant_deletion(event.tenant_id, event.occurred_at)
         await self._index.delete_tenant(event.tenant_id)

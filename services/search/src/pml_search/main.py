@@ -21,12 +21,14 @@ from pml.v1 import knowledge_pb2_grpc, search_pb2_grpc
 from pml_common.bus import EventBus, create_replica_group, destroy_replica_group
 from pml_common.embedding import build_embedder
 from pml_common.grpc_server import GrpcServer
+from pml_common.latest_wins import LatestWins
 from pml_common.lifecycle import wait_for_shutdown_signal
 from pml_common.settings import Settings
 from pml_common.stores import neo4j_driver, redis_client
 from pml_common.telemetry import configure_logging, setup_telemetry
 from pml_search.blas import limit_blas_threads
 from pml_search.catalog_index import CatalogIndex
+from pml_search.chunk_consumers import GROUP as CHUNK_GROUP
 from pml_search.chunk_consumers import ChunkConsumers
 from pml_search.chunk_index import ChunkIndex
 from pml_search.consumers import CACHE_EVENTS, SearchConsumers
@@ -59,7 +61,7 @@ class SearchApp:
         consumers = SearchConsumers(self.catalog, self.graph)
         # Document chunks (knowledge evidence), from the ingest pipeline's ChunksExtracted.
         self.chunks = ChunkIndex(self._store, self.catalog.embedder)
-        ChunkConsumers(self.chunks).subscribe(self.bus)
+        ChunkConsumers(self.chunks, LatestWins(self._redis, CHUNK_GROUP)).subscribe(self.bus)
         self._cache_group = consumers.subscribe(self.bus, settings.consumer_name)
         reads = KnowledgeReads(self._driver, settings.neo4j_database)
         gds = GdsPaths(reads.read, settings.consumer_name)
