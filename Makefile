@@ -69,7 +69,7 @@ up: compose-secrets
 COMPOSE_SECRETS := .pml/compose-secrets
 compose-secrets:
 	@mkdir -p $(COMPOSE_SECRETS) && chmod 700 $(COMPOSE_SECRETS)
-	@for name in redis_password neo4j_password; do \
+	@for name in redis_password neo4j_password qdrant_api_key; do \
 	  [ -s $(COMPOSE_SECRETS)/$$name ] || python3 -c 'import secrets, sys; sys.stdout.write(secrets.token_urlsafe(24))' > $(COMPOSE_SECRETS)/$$name; \
 	done
 	@[ -s $(COMPOSE_SECRETS)/neo4j_auth ] || printf 'neo4j/%s' "$$(cat $(COMPOSE_SECRETS)/neo4j_password)" > $(COMPOSE_SECRETS)/neo4j_auth

@@ -169,6 +169,16 @@ def test_neo4j_is_5_26_with_gds() -> None:
     assert yaml.safe_load(neo4j["environment"]["NEO4J_PLUGINS"]) == ["graph-data-science"]
 
 
+def test_qdrant_requires_the_api_key_search_reads_from_its_secret() -> None:
+    assert env_of("search")["PML_QDRANT_API_KEY_FILE"] == "/run/secrets/qdrant_api_key"
+    assert "qdrant_api_key" in ALL["search"]["secrets"] and ALL["qdrant"]["secrets"] == [
+        "qdrant_api_key"
+    ]
+    assert 'QDRANT__SERVICE__API_KEY="$$(cat /run/secrets/qdrant_api_key)"' in " ".join(
+        ALL["qdrant"]["entrypoint"]
+    )
+
+
 def test_jaeger_keeps_a_bounded_number_of_traces_in_memory() -> None:
     assert int(env_of("jaeger")["MEMORY_MAX_TRACES"]) > 0
 

@@ -438,13 +438,21 @@ def test_prod_overlay_scales_secures_and_pins_the_image() -> None:
     assert data["PML_OTEL_SAMPLE_RATIO"] == "0.2"
 
 
-def test_only_search_reaches_the_vector_store() -> None:
+def test_only_search_reaches_the_vector_store_with_its_api_key() -> None:
+    documented = _operator_secret_keys()
     for workload, container in pml_containers("base"):
         env = {e["name"]: e.get("value") for e in container.get("env", [])}
         if workload["metadata"]["name"] == "search":
             assert env["PML_QDRANT_URL"] == "http://qdrant:6333"
+            folder, key = env["PML_QDRANT_API_KEY_FILE"].rsplit("/", 1)
+            mounts = {m["mountPath"] for m in container["volumeMounts"]}
+            assert folder == "/etc/pml/secrets" and folder in mounts and key in documented
         else:
-            assert "PML_QDRANT_URL" not in env
+            assert "PML_QDRANT_URL" not in env and "PML_QDRANT_API_KEY_FILE" not in env
+    [qdrant] = [o for o in of_kind("base", "StatefulSet") if o["metadata"]["name"] == "qdrant"]
+    env = {e["name"]: e for e in pod_spec(qdrant)["containers"][0]["env"]}
+    ref = env["QDRANT__SERVICE__API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "pml-secrets", "key": "qdrant-api-key"}
 
 
 def test_collector_pipeline_is_the_one_compose_uses() -> None:
