@@ -129,6 +129,8 @@ async def test_one_document_is_one_trace_across_every_pass_and_chunk_indexing(
         )
         consumed = _consumed(trace, consumes, f"ingest-{name}")
         assert_remote_child(trace, consumed, published)
+        for span, operation in ((published, "send"), (consumed, "process")):
+            assert dict(span.attributes or {})["messaging.operation.type"] == operation
         work = trace.one(f"ingest.{name}", SpanKind.INTERNAL)
         assert_local_child(trace, work, consumed)
         attrs = dict(work.attributes or {})

@@ -305,7 +305,11 @@ class EventBus:
         with _tracer.start_as_current_span(
             f"publish {event.TYPE}",
             kind=SpanKind.PRODUCER,
-            attributes=_span_attributes(event.STREAM, event),
+            attributes={
+                **_span_attributes(event.STREAM, event),
+                "messaging.operation.type": "send",
+                "messaging.operation.name": "publish",
+            },
         ):
             traced = event.model_copy(update={"trace": inject_trace()})
             entry_id = await self._redis.xadd(
@@ -484,6 +488,8 @@ class EventBus:
             kind=SpanKind.CONSUMER,
             attributes={
                 **_span_attributes(sub.stream, event),
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "consume",
                 "messaging.consumer.group.name": sub.group,
                 "messaging.redis.entry_id": _text(entry.entry_id),
             },
