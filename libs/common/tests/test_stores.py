@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
@@ -70,6 +71,26 @@ async def test_processes_starting_together_all_ensure_the_schema(settings: Setti
     finally:
         await driver.execute_query(f"DROP INDEX {index} IF EXISTS", database_=db)
         await driver.close()
+
+
+async def test_neo4j_driver_keeps_unknown_property_warnings_out_of_the_logs(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    query = "MATCH (n:NeverWrittenLabel) RETURN n.never_written_property AS p"
+    caplog.set_level(logging.INFO, logger="neo4j")
+    plain = neo4j.AsyncGraphDatabase.driver(settings.neo4j_uri, auth=neo4j_auth(settings))
+    try:  # the check can fail: a driver without the setting does log them
+        await plain.execute_query(query, database_=settings.neo4j_database)
+    finally:
+        await plain.close()
+    assert "never_written_property" in caplog.text
+    caplog.clear()
+    driver = neo4j_driver(settings)
+    try:
+        await driver.execute_query(query, database_=settings.neo4j_database)
+    finally:
+        await driver.close()
+    assert "never_written_property" not in caplog.text
 
 
 def test_neo4j_auth_only_when_password_set(settings: Settings) -> None:
