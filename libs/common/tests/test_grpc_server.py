@@ -61,6 +61,8 @@ class TinySearch(search_pb2_grpc.SearchServiceServicer):
                 raise ValueError("secret internals")
             case "echo-huge-input":
                 raise invalid_argument(f"bad id {'x' * 100_000!r}")
+            case "peer":
+                return search_pb2.SearchResult(id=request.id, name=context.peer())
             case "slow":
                 await asyncio.sleep(0.3)
                 check_deadline(context)
@@ -202,6 +204,26 @@ async def test_messages_over_the_size_limit_are_refused(settings: Settings) -> N
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
     finally:
         await server.stop(0)
+
+
+async def test_clients_are_asked_to_reconnect_after_the_connection_age(settings: Settings) -> None:
+    """A client holding one channel opens a new connection once the server's age is reached (a
+    Kubernetes Service can then send it to another replica), without a failed call."""
+    aged = settings.model_copy(update={"grpc_max_connection_age_s": 0.5})
+    server = GrpcServer(aged, 0, "search-test")
+    server.add(
+        lambda s: search_pb2_grpc.add_SearchServiceServicer_to_server(TinySearch(), s), SERVICE
+    )
+    port = await server.start()
+    try:
+        async with channel(f"127.0.0.1:{port}", aged) as ch:
+            peers = set()
+            for _ in range(8):
+                peers.add((await get_node(ch, "peer")).name)
+                await asyncio.sleep(0.4)
+    finally:
+        await server.stop(0)
+    assert len(peers) >= 2  # the client's address changed: new connections
 
 
 async def test_unimplemented_rpc(served: tuple[GrpcServer, grpc.aio.Channel]) -> None:

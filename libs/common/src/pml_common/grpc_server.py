@@ -163,10 +163,25 @@ class _ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc
         )
 
 
+#: How long RPCs under way may still run on a connection the server asked to close.
+MAX_CONNECTION_AGE_GRACE_MS = 30_000
+
+
 def message_size_options(settings: Settings) -> list[tuple[str, int]]:
     return [
         ("grpc.max_send_message_length", settings.grpc_max_message_bytes),
         ("grpc.max_receive_message_length", settings.grpc_max_message_bytes),
+    ]
+
+
+def connection_age_options(settings: Settings) -> list[tuple[str, int]]:
+    """A connection-level load balancer (a Kubernetes Service) only balances new connections:
+    closing old ones now and then lets long-lived clients reach replicas added since."""
+    if settings.grpc_max_connection_age_s <= 0:
+        return []
+    return [
+        ("grpc.max_connection_age_ms", round(settings.grpc_max_connection_age_s * 1000)),
+        ("grpc.max_connection_age_grace_ms", MAX_CONNECTION_AGE_GRACE_MS),
     ]
 
 
@@ -190,7 +205,7 @@ class GrpcServer:
                 *server_interceptors(settings),
                 _ErrorMappingInterceptor(),
             ],
-            options=message_size_options(settings),
+            options=[*message_size_options(settings), *connection_age_options(settings)],
             maximum_concurrent_rpcs=settings.grpc_workers,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)

@@ -123,6 +123,13 @@ class Settings(BaseSettings):
         8 * 1024 * 1024, ge=1024, description="Largest gRPC message accepted or sent."
     )
     grpc_workers: int = Field(16, ge=1, description="Concurrent RPCs handled per server.")
+    grpc_max_connection_age_s: float = Field(
+        300.0,
+        ge=0,
+        description="Servers ask clients to reconnect after this long (0: never), so that a "
+        "client holding one connection (the planner to search and the scorer) spreads over the "
+        "replicas a Kubernetes Service adds; RPCs under way get 30 s more to finish.",
+    )
 
     # --- gRPC security (docs/operations.md, "Security") ---------------------------------------
     tls_enabled: bool = Field(
