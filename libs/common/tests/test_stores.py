@@ -15,7 +15,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from pml_common.local_runtime import restart, start_neo4j, start_redis
 from pml_common.settings import Settings
 from pml_common.stores import (
-    ensure_neo4j_schema,
+    create_schema_rule,
     neo4j_auth,
     neo4j_driver,
     qdrant_client,
@@ -59,7 +59,7 @@ async def test_processes_starting_together_all_ensure_the_schema(settings: Setti
     driver = neo4j_driver(settings)
     try:
         await driver.execute_query(f"DROP INDEX {index} IF EXISTS", database_=db)
-        await asyncio.gather(*(ensure_neo4j_schema(driver, [statement], db) for _ in range(6)))
+        await asyncio.gather(*(create_schema_rule(driver, statement, db) for _ in range(6)))
         records, _, _ = await driver.execute_query(
             "SHOW INDEXES YIELD name WHERE name = $name RETURN count(*) AS n",
             name=index,
@@ -67,7 +67,7 @@ async def test_processes_starting_together_all_ensure_the_schema(settings: Setti
         )
         assert records[0]["n"] == 1
         with pytest.raises(neo4j.exceptions.ClientError):
-            await ensure_neo4j_schema(driver, ["CREATE INDEX FOR (n:RaceProbe) ON"], db)
+            await create_schema_rule(driver, "CREATE INDEX FOR (n:RaceProbe) ON", db)
     finally:
         await driver.execute_query(f"DROP INDEX {index} IF EXISTS", database_=db)
         await driver.close()

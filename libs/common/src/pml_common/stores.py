@@ -8,7 +8,6 @@ client works again as soon as the store is back, without being rebuilt.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 
 import neo4j
@@ -99,20 +98,17 @@ def neo4j_driver(settings: Settings) -> neo4j.AsyncDriver:
     )
 
 
-async def ensure_neo4j_schema(
-    driver: neo4j.AsyncDriver, statements: Iterable[str], database: str
-) -> None:
-    """Run `CREATE ... IF NOT EXISTS` schema statements, safe for replicas starting together.
+async def create_schema_rule(driver: neo4j.AsyncDriver, statement: str, database: str) -> None:
+    """Run one `CREATE ... IF NOT EXISTS` schema statement, safe for replicas starting together.
 
     Two processes creating the same rule at once race inside `IF NOT EXISTS`: the one that
     loses is told the rule exists, which is the outcome it wanted.
     """
-    for statement in statements:
-        try:
-            await driver.execute_query(statement, database_=database)
-        except neo4j.exceptions.ClientError as exc:
-            if exc.code != _SCHEMA_RULE_EXISTS:
-                raise
+    try:
+        await driver.execute_query(statement, database_=database)
+    except neo4j.exceptions.ClientError as exc:
+        if exc.code != _SCHEMA_RULE_EXISTS:
+            raise
 
 
 def qdrant_client(settings: Settings) -> AsyncQdrantClient:

@@ -22,7 +22,7 @@ import neo4j
 
 from pml_common.events import utcnow
 from pml_common.knowledge_graph import SCHEMA, SEMANTIC_RELATION_TYPES
-from pml_common.stores import ensure_neo4j_schema
+from pml_common.stores import create_schema_rule
 from pml_ingest.policy import MAX_CONFIDENCE, MIN_INDEPENDENT, PER_EXTRA_EVIDENCE, Relation
 from pml_ingest.verifier import Concept, SectionEvidence
 
@@ -321,7 +321,8 @@ class GraphStore:
 
     async def ensure_schema(self) -> None:
         """Constraints and indexes (idempotent, safe for workers starting together)."""
-        await ensure_neo4j_schema(self._driver, SCHEMA, self._database)
+        for statement in SCHEMA:
+            await create_schema_rule(self._driver, statement, self._database)
 
     # --- documents ------------------------------------------------------------------------
 

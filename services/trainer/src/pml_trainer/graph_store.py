@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import neo4j
 
 from pml_common.events import TOOL_ID_PATTERN, CapabilitySpec, ToolSpec, utcnow
-from pml_common.stores import ensure_neo4j_schema
+from pml_common.stores import create_schema_rule
 from pml_trainer.cold_start import CatalogTool, ColdStartEdge
 from pml_trainer.statistics import (
     EdgeKey,
@@ -269,7 +269,8 @@ class GraphStore:
 
     async def ensure_schema(self) -> None:
         """Constraints and indexes (idempotent; run at start-up)."""
-        await ensure_neo4j_schema(self._driver, SCHEMA, self._database)
+        for statement in SCHEMA:
+            await create_schema_rule(self._driver, statement, self._database)
 
     # --- event writes: each returns False when the event had already been applied ----------
 
