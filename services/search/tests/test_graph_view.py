@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import neo4j
 import pytest
@@ -90,3 +92,30 @@ async def test_refresh_of_uncached_tenant_is_a_no_op_and_forget_drops(
     assert (await view.get(tenant)).tools["x:y"].executions == 1
     view.forget(tenant)
     assert view.cached(tenant) is None
+
+
+async def test_a_change_announced_while_the_tenant_loads_is_not_lost(
+    driver: neo4j.AsyncDriver, settings: Settings, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first request reads the tenant; the trainer commits and announces a change before
+    that read is stored: the view must end up with the new facts, not the read's."""
+    await _tool(driver, tenant, "git:commit", 0, 0)
+    view = GraphView(driver, settings.neo4j_database)
+    read_done, release = asyncio.Event(), asyncio.Event()
+    load = view._load
+
+    async def slow_load(name: str) -> Any:
+        loaded = await load(name)
+        read_done.set()
+        await release.wait()
+        return loaded
+
+    monkeypatch.setattr(view, "_load", slow_load)
+    first_request = asyncio.create_task(view.get(tenant))
+    await read_done.wait()  # the read saw no execution
+    await _tool(driver, tenant, "git:commit", 3, 3)  # the trainer commits, then announces
+    announced = asyncio.create_task(view.refresh(tenant, ["git:commit"]))
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(first_request, announced)
+    assert (await view.get(tenant)).tools["git:commit"].executions == 3

@@ -110,9 +110,12 @@ class GraphView:
     async def refresh(self, tenant: str, node_ids: Sequence[str] = ()) -> None:
         """Re-read the named nodes (and their edges), or the whole tenant when none are named.
 
-        A tenant not cached yet is left alone: its first request reads it whole anyway.
+        A tenant neither cached nor being read is left alone: its first request reads it whole
+        anyway. One being read is refreshed once the read is stored, since that read may have
+        happened before the change this refresh announces.
         """
-        if tenant not in self._tenants:
+        lock = self._locks.get(tenant)
+        if tenant not in self._tenants and (lock is None or not lock.locked()):
             return
         async with self._lock(tenant):
             current = self._tenants.get(tenant)
