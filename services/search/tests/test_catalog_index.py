@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
 
 from pml_common.embedding import build_embedder, catalog_text
+from pml_common.events import ToolSpec, ToolsRegistered
 from pml_common.settings import Settings
 from pml_common.stores import redis_client
 from pml_search.catalog_index import (
@@ -18,6 +20,7 @@ from pml_search.catalog_index import (
     CatalogIndex,
     TenantMatrix,
 )
+from pml_search.consumers import SearchConsumers
 from pml_search.vector_store import QdrantVectorStore
 
 
@@ -109,3 +112,38 @@ def test_tenant_matrix_grows_replaces_and_ranks() -> None:
         "s:0",
         "s:50",
     ]
+
+
+async def test_an_entry_announced_while_a_replica_reads_the_catalog_is_not_lost(
+    parts: tuple[QdrantVectorStore, CatalogIndex], tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replica B reads the tenant's catalog; replica A registers a tool and announces it before
+    B's read is stored: B must serve the new tool (B applies announcements while it reads)."""
+    store, replica_a = parts
+    await replica_a.index(tenant, TOOL, [_tool(tenant, "fs:read_file", "Read a file")])
+    replica_b = CatalogIndex(store, replica_a.embedder)
+    read_done, release = asyncio.Event(), asyncio.Event()
+    load = replica_b._load
+
+    async def slow_load(name: str, kind: str) -> TenantMatrix:
+        loaded = await load(name, kind)
+        read_done.set()
+        await release.wait()
+        return loaded
+
+    monkeypatch.setattr(replica_b, "_load", slow_load)
+    first_request = asyncio.create_task(replica_b.get(tenant, TOOL, "fs:read_file"))
+    await read_done.wait()  # B's read has only fs:read_file
+    spec = ToolSpec(id="web:fetch", server="web", name="fetch", description="Fetch a web page")
+    await replica_a.index(tenant, TOOL, [_tool(tenant, spec.id, spec.description)])
+    # B's replica group receives the announcement (the graph view is not involved here)
+    b_consumers = SearchConsumers(replica_b, graph=None)  # type: ignore[arg-type]
+    event = ToolsRegistered.create(tenant_id=tenant, tools=[spec])
+    announced = asyncio.create_task(b_consumers.on_tools_registered_cached(event))
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(first_request, announced)
+    monkeypatch.setattr(replica_b, "_load", load)
+    matrix = replica_b._cache[(tenant, TOOL)]
+    assert set(matrix.index) == {"fs:read_file", "web:fetch"}
+    assert not replica_b.is_cached(f"{tenant}-never-read", TOOL)

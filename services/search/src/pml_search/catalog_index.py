@@ -149,6 +149,8 @@ class CatalogIndex:
         self._store = store
         self._embedder = embedder
         self._cache: dict[tuple[str, str], TenantMatrix] = {}
+        # Reads of the store under way, per (tenant, kind): see `is_cached`.
+        self._loading: dict[tuple[str, str], int] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         # Bumped when a tenant is deleted, so a load that started before is not installed.
         self._generation: dict[str, int] = {}
@@ -207,7 +209,10 @@ class CatalogIndex:
     # --- reads --------------------------------------------------------------------------------
 
     def is_cached(self, tenant: str, kind: str) -> bool:
-        return (tenant, kind) in self._cache
+        """Whether this replica holds the entries, or is reading them: a change announced
+        meanwhile must be applied too, since the read may have come before it."""
+        key = (tenant, kind)
+        return key in self._cache or key in self._loading
 
     async def nearest(
         self, tenant: str, kind: str, query: np.ndarray, limit: int
@@ -238,7 +243,14 @@ class CatalogIndex:
         matrix = self._cache.get((tenant, kind))
         if matrix is None:
             generation = self._generation.get(tenant, 0)
-            matrix = await self._load(tenant, kind)
+            key = (tenant, kind)
+            self._loading[key] = self._loading.get(key, 0) + 1
+            try:
+                matrix = await self._load(tenant, kind)
+            finally:
+                self._loading[key] -= 1
+                if not self._loading[key]:
+                    del self._loading[key]
             if generation != self._generation.get(tenant, 0):
                 return TenantMatrix(self._embedder.dim)  # deleted meanwhile: serve nothing
             matrix = self._cache.setdefault((tenant, kind), matrix)
