@@ -19,7 +19,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from pml_common.events import ExecutionCompleted, ExecutionStep, ModelPublished,
 from pml_common.lease_lock import DEFAULT_LOCK_NAME
 from pml_common.local_runtime import ManagedProcess, start_redis
 from pml_common.settings import Settings
-from pml_common.testing import ServiceProcess, service_process
+from pml_common.testing import ServiceProcess, service_process, until
 
 pytestmark = pytest.mark.e2e
 
@@ -110,13 +110,9 @@ def trainer(
         "PML_REPLAY_MIN_TRACES": "1000000",
         **overrides,
     }
-    with service_process("pml_trainer", "PML_TRAINER_PORT", env, logs / f"{name}.log") as proc:
-        try:
-            yield proc
-        finally:
-            if proc.proc.poll() is None:
-                proc.proc.send_signal(signal.SIGTERM)
-                proc.proc.wait(30)
+    log = logs / f"{name}.log"
+    with service_process("pml_trainer", "PML_TRAINER_PORT", env, log, graceful=True) as proc:
+        yield proc
 
 
 @contextlib.contextmanager
@@ -224,16 +220,6 @@ def pending_of(client: redis.Redis, stream: str, group: str, consumer: str) -> i
         if row["name"] in (consumer, consumer.encode()):
             return int(row["pending"])
     return 0
-
-
-def until(condition: Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll until `condition()`; returns the monotonic time it first held."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not reached within {timeout}s")
-        time.sleep(0.05)
-    return time.monotonic()
 
 
 def reconcile(

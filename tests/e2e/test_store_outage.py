@@ -24,6 +24,7 @@ from pml.v1 import common_pb2, search_pb2, search_pb2_grpc
 from pml_cli.local_stack import LocalStack
 from pml_common.events import ExecutionCompleted, ExecutionStep, Streams
 from pml_common.local_runtime import ManagedProcess, restart
+from pml_common.testing import until
 
 pytestmark = pytest.mark.e2e
 
@@ -76,15 +77,6 @@ def _until_ok(call, timeout: float = 60.0):
             time.sleep(0.5)
 
 
-def _until(condition, timeout: float, what: str) -> float:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not reached within {timeout}s")
-        time.sleep(0.1)
-    return time.monotonic()
-
-
 def _executions(stub: search_pb2_grpc.SearchServiceStub, tenant: str, tool: str) -> int:
     node = stub.GetNode(search_pb2.GetNodeRequest(tenant_id=tenant, id=tool), timeout=10)
     return node.executions
@@ -131,7 +123,7 @@ def test_redis_restarted_empty_is_unavailable_then_groups_are_recreated(
             outcome="success",
         )
         client.xadd(Streams.EXECUTION_COMPLETED, {"data": execution.to_json()})
-        handled = _until(
+        handled = until(
             lambda: _executions(stub, tenant, "fs:write_file") == 1, 60, "the execution counted"
         )
         reply = stub.Search(

@@ -51,13 +51,9 @@ def _trainer(
         "PML_TRAIN_BATCH_SIZE": "8",
         **overrides,
     }
-    with service_process("pml_trainer", "PML_TRAINER_PORT", env, logs / f"{name}.log") as trainer:
-        try:
-            yield trainer
-        finally:
-            if trainer.proc.poll() is None:
-                trainer.proc.send_signal(signal.SIGTERM)
-                trainer.proc.wait(30)
+    log = logs / f"{name}.log"
+    with service_process("pml_trainer", "PML_TRAINER_PORT", env, log, graceful=True) as trainer:
+        yield trainer
 
 
 def _events(path: Path) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -118,6 +119,17 @@ def clean_stores(settings: Settings) -> Iterator[None]:
     yield
 
 
+def until(condition: Callable[[], bool], within_s: float, what: str) -> float:
+    """Poll `condition()` until it holds; returns the monotonic time it first did (drills time
+    their recoveries with it), or fails naming `what` after `within_s` seconds."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not reached within {within_s}s")
+        time.sleep(0.05)
+    return time.monotonic()
+
+
 async def eventually(
     probe: Callable[[], Awaitable[T]], done: Callable[[T], bool], within_s: float = 20.0
 ) -> T:
@@ -150,12 +162,14 @@ def service_process(
     log: Path,
     within_s: float = 120.0,
     settings: Settings | None = None,
+    graceful: bool = False,
 ) -> Iterator[ServiceProcess]:
     """`python -m module` on a free port, yielded once its gRPC health answers SERVING (asked
     over TLS when `settings` enable it, as `env` should then do for the process).
 
     The test decides how the process ends (to check a graceful stop, say); one still running
-    when the block exits is killed.
+    when the block exits is killed, or with `graceful` sent SIGTERM (as an orchestrator stops
+    it, releasing what it holds) and killed if it is still there after 30 s.
     """
     port = free_port()
     with log.open("wb") as out:
@@ -175,9 +189,14 @@ def service_process(
             time.sleep(0.2)
         yield running
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        try:
+            if proc.poll() is None and graceful:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(30)  # a process that ignores SIGTERM fails the test, once killed
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 @dataclass(frozen=True)

@@ -239,14 +239,11 @@ class ChunkingPass:
             log.info("ingest.superseded_deletion_skipped", tenant=tenant, document_id=doc)
             return
         with _tracer.start_as_current_span(
-            "ingest.delete",
-            attributes={"pml.tenant_id": event.tenant_id, "pml.document_id": event.document_id},
+            "ingest.delete", attributes={"pml.tenant_id": tenant, "pml.document_id": doc}
         ):
-            await self.rt.store.remove_document(
-                event.tenant_id, event.document_id, keep_document=False
-            )
-            await self.rt.status.forget(event.tenant_id, event.document_id)
-        log.info("ingest.deleted", tenant=event.tenant_id, document_id=event.document_id)
+            await self.rt.store.remove_document(tenant, doc, keep_document=False)
+            await self.rt.status.forget(tenant, doc)
+        log.info("ingest.deleted", tenant=tenant, document_id=doc)
 
     async def on_tenant_deleted(self, event: TenantDeleted) -> None:
         async with self._serial:

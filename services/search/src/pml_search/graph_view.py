@@ -137,12 +137,8 @@ class GraphView:
             result = await tx.run(cypher, params)
             return [record async for record in result]
 
-        # Notifications off: on a graph the trainer has not written yet, Neo4j warns about
-        # every label and property these queries name.
         async with self._driver.session(
-            database=self._database,
-            default_access_mode=neo4j.READ_ACCESS,
-            notifications_min_severity="OFF",
+            database=self._database, default_access_mode=neo4j.READ_ACCESS
         ) as session:
             return await session.execute_read(work)
 

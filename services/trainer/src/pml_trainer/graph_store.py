@@ -543,12 +543,8 @@ class GraphStore:
             return await session.execute_write(work, *args)
 
     async def _read(self, query: str, **params: Any) -> list[neo4j.Record]:
-        # Notifications off: on a graph without LINKs yet, every read would log a warning
-        # that the property keys it returns do not exist.
         async with self._driver.session(
-            database=self._database,
-            default_access_mode=neo4j.READ_ACCESS,
-            notifications_min_severity="OFF",
+            database=self._database, default_access_mode=neo4j.READ_ACCESS
         ) as session:
             return await session.execute_read(_fetch, query, params)
 
