@@ -21,6 +21,7 @@ from pml_shgat.hierarchy import Hierarchy
 from pml_shgat.params import from_bytes, init_params, make_config
 from pml_shgat.serving import ServingModel
 from pml_trainer.graph_store import GraphStore
+from pml_trainer.holdout import HoldOut
 from pml_trainer.learning import LearningConfig, LearningLoop, RoundAbandoned
 from pml_trainer.replay_buffer import ReplayBuffer, Trace
 
@@ -61,6 +62,7 @@ class Rig:
     buffer: ReplayBuffer
     lock: LeaseLock
     registry: ModelRegistry
+    holdout: HoldOut
     loop: LearningLoop
     published: _Collector
     embedder: Embedder
@@ -86,6 +88,7 @@ async def rig(
     buffer = ReplayBuffer(redis, capacity=100)
     lock = LeaseLock(redis, name=f"pml:test:{tenant}:lock", lease_ms=2000)
     registry = ModelRegistry(redis, keep_versions=3)
+    holdout = HoldOut(redis)
     published = _Collector()
     loop = LearningLoop(
         buffer=buffer,
@@ -96,14 +99,16 @@ async def rig(
         embedder=embedder,
         publisher=published,
         config=LearningConfig(
-            batch_size=16, steps=40, min_traces=4, poll_s=0.1, key_dim=64, seed=0
+            batch_size=16, steps=40, min_traces=4, poll_s=0.1, key_dim=64, seed=0, min_holdout=2
         ),
+        holdout=holdout,
     )
-    yield Rig(redis, buffer, lock, registry, loop, published, embedder)
+    yield Rig(redis, buffer, lock, registry, holdout, loop, published, embedder)
     await redis.aclose()
 
 
 async def _add_traces(rig: Rig, tenant: str) -> None:
+    """Every intent learned; each capability's first intent, run again, is held back."""
     spec = {c.id: c for c in CAPABILITIES}
     for cap, intents in INTENTS.items():
         for j, intent in enumerate(intents):
@@ -115,6 +120,14 @@ async def _add_traces(rig: Rig, tenant: str) -> None:
                 capability_id=cap,
             )
             assert await rig.buffer.add(tenant, trace)
+        again = Trace(
+            trace_id=f"{cap}-held",
+            intent=intents[0],
+            path=spec[cap].tools,
+            outcome=1.0,
+            capability_id=cap,
+        )
+        await rig.holdout.hold(tenant, again)
 
 
 async def _capability_score(

@@ -14,6 +14,12 @@ Keys of a tenant, all fixed so that the publish script declares every key it tou
 - `pml:model:{tenant}:versions`  sorted set version -> seq (oldest are trimmed)
 - `pml:model:{tenant}:records`   hash version -> record JSON (without the version)
 - `pml:model:{tenant}:blobs`     hash version -> model bytes
+- `pml:model:{tenant}:rejected`  hash {version, record, blob} of the last rejected candidate
+
+A trained candidate that the trainer's gate does not admit (it ranks held-back executions no
+better than the serving version or the first stage) is kept as the tenant's last rejected
+candidate with its figures (`reject`): it takes a version number, under the same fencing rule,
+but never becomes current.
 """
 
 from __future__ import annotations
@@ -71,6 +77,22 @@ return {version, record}
 """
 
 
+# KEYS: fencing counter, seq, current, rejected; ARGV: fencing token, record JSON, blob.
+# Returns {1, version} when kept, {0, newest issued token, current model token} when stale.
+_REJECT = """
+local token = tonumber(ARGV[1])
+local issued = tonumber(redis.call('GET', KEYS[1]) or '0')
+local current_token = tonumber(redis.call('HGET', KEYS[3], 'fencing_token') or '-1')
+if token ~= issued or token < current_token then
+  return {0, issued, current_token}
+end
+local version = 'v' .. redis.call('INCR', KEYS[2])
+redis.call('DEL', KEYS[4])
+redis.call('HSET', KEYS[4], 'version', version, 'record', ARGV[2], 'blob', ARGV[3])
+return {1, version}
+"""
+
+
 class StaleFencingToken(Exception):
     """A publish carried a fencing token that is no longer the newest: its lease was lost."""
 
@@ -116,6 +138,7 @@ class ModelRegistry:
         self.fencing_key = fencing_key
         self._publish = redis.register_script(_PUBLISH)
         self._current = redis.register_script(_CURRENT)
+        self._reject = redis.register_script(_REJECT)
 
     async def publish(
         self,
@@ -143,16 +166,7 @@ class ModelRegistry:
             keys=[self.fencing_key, k.seq, k.current, k.versions, k.records, k.blobs],
             args=[fencing_token, _dump(draft), blob, self.keep_versions],
         )
-        if int(reply[0]) != 1:
-            current_token = int(reply[2])
-            error = StaleFencingToken(
-                tenant_id,
-                fencing_token,
-                int(reply[1]),
-                current_token if current_token >= 0 else None,
-            )
-            log.warning("model.publish_rejected", tenant_id=tenant_id, reason=str(error))
-            raise error
+        _check_reply(tenant_id, fencing_token, reply)
         record = draft.model_copy(update={"version": _text(reply[1])})
         log.info(
             "model.published",
@@ -162,6 +176,44 @@ class ModelRegistry:
             bytes=len(blob),
         )
         return record
+
+    async def reject(
+        self,
+        tenant_id: str,
+        blob: bytes,
+        fencing_token: int,
+        metrics: dict[str, float] | None = None,
+    ) -> ModelRecord:
+        """Keep `blob` as the tenant's last rejected candidate (never served), with a version.
+
+        Raises `StaleFencingToken` under the same rule as `publish`.
+        """
+        draft = ModelRecord(
+            tenant_id=tenant_id,
+            version="pending",
+            fencing_token=fencing_token,
+            trained_at=datetime.now(UTC),
+            metrics=metrics or {},
+        )
+        k = _Keys(tenant_id)
+        reply = await self._reject(
+            keys=[self.fencing_key, k.seq, k.current, k.rejected],
+            args=[fencing_token, _dump(draft), blob],
+        )
+        _check_reply(tenant_id, fencing_token, reply)
+        record = draft.model_copy(update={"version": _text(reply[1])})
+        log.info("model.candidate_rejected", tenant_id=tenant_id, version=record.version)
+        return record
+
+    async def last_rejected(self, tenant_id: str) -> tuple[ModelRecord, bytes] | None:
+        """The last candidate the gate rejected, and its bytes; None if there was none."""
+        rows: list[bytes | None] = await self._redis.hmget(  # type: ignore[assignment]
+            _Keys(tenant_id).rejected, ["version", "record", "blob"]
+        )
+        version, raw, blob = rows
+        if version is None or raw is None or blob is None:
+            return None
+        return _load(tenant_id, _text(version), raw), bytes(blob)
 
     async def current(self, tenant_id: str) -> tuple[ModelRecord, bytes] | None:
         """The tenant's current model and its bytes, or None before the first publish."""
@@ -200,7 +252,7 @@ class ModelRegistry:
     async def delete_tenant(self, tenant_id: str) -> None:
         """Forget every version of the tenant (and its version counter)."""
         k = _Keys(tenant_id)
-        await self._redis.delete(k.seq, k.current, k.versions, k.records, k.blobs)
+        await self._redis.delete(k.seq, k.current, k.versions, k.records, k.blobs, k.rejected)
         log.info("model.tenant_deleted", tenant_id=tenant_id)
 
 
@@ -214,6 +266,19 @@ class _Keys:
         self.versions = f"{prefix}:versions"
         self.records = f"{prefix}:records"
         self.blobs = f"{prefix}:blobs"
+        self.rejected = f"{prefix}:rejected"
+
+
+def _check_reply(tenant_id: str, fencing_token: int, reply: list[bytes | int]) -> None:
+    """Raise `StaleFencingToken` for a script's {0, issued, current token} answer."""
+    if int(reply[0]) == 1:
+        return
+    current_token = int(reply[2])
+    error = StaleFencingToken(
+        tenant_id, fencing_token, int(reply[1]), current_token if current_token >= 0 else None
+    )
+    log.warning("model.publish_rejected", tenant_id=tenant_id, reason=str(error))
+    raise error
 
 
 def _dump(record: ModelRecord) -> str:

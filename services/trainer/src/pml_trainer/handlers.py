@@ -29,7 +29,9 @@ from pml_trainer.cold_start import (
     Template,
     plan_cold_start,
 )
+from pml_trainer.evaluation import Prequential
 from pml_trainer.graph_store import GROUP, GraphStore
+from pml_trainer.holdout import HoldOut
 from pml_trainer.replay_buffer import ReplayBuffer, Trace
 from pml_trainer.statistics import execution_effect
 
@@ -66,6 +68,8 @@ class TrainerHandlers:
         cold_start: ColdStartConfig | None = None,
         replay: ReplayBuffer | None = None,
         registry: ModelRegistry | None = None,
+        holdout: HoldOut | None = None,
+        prequential: Prequential | None = None,
     ) -> None:
         self._store = store
         self._publisher = publisher
@@ -74,6 +78,8 @@ class TrainerHandlers:
         self._cold_start = cold_start or ColdStartConfig()
         self._replay = replay
         self._registry = registry
+        self._holdout = holdout
+        self._prequential = prequential
 
     def subscribe(self, bus: EventBus) -> None:
         bus.subscribe(ToolsRegistered, GROUP, self.on_tools_registered)
@@ -114,10 +120,14 @@ class TrainerHandlers:
         )
 
     async def on_execution_completed(self, event: ExecutionCompleted) -> None:
-        if self._replay is not None:
-            # Idempotent on the event id, and done first: a crash after the graph update
-            # must not lose the trace on redelivery.
-            await self._replay.add(event.tenant_id, trace_of(event))
+        trace = trace_of(event)
+        if self._prequential is not None:
+            # Test, then train: how the serving scores rank this execution, before any
+            # version can learn from it (idempotent on the event id).
+            await self._prequential.observe(event.tenant_id, trace)
+        # Idempotent on the event id, and done first: a crash after the graph update
+        # must not lose the trace on redelivery.
+        await self._keep(event.tenant_id, trace)
         effect = execution_effect(event)
         applied = await self._store.apply_execution(
             event.tenant_id, event.event_id, effect, event.occurred_at
@@ -126,6 +136,17 @@ class TrainerHandlers:
             return self._duplicate(event)
         await self._changed(event, GraphChanged.EXECUTION, effect.node_ids)
 
+    async def _keep(self, tenant: str, trace: Trace) -> None:
+        """Into the replay buffer, unless held back to judge new versions (`holdout`)."""
+        if self._replay is None:
+            return
+        if self._holdout is None:
+            await self._replay.add(tenant, trace)
+            return
+        held, released = await self._holdout.route(tenant, trace)
+        for old in [*released, *([] if held else [trace])]:
+            await self._replay.add(tenant, old)
+
     async def on_tenant_deleted(self, event: TenantDeleted) -> None:
         deleted = await self._store.delete_tenant(event.tenant_id)
         # What the trainer learned for the tenant goes with it: traces and model versions.
@@ -133,6 +154,10 @@ class TrainerHandlers:
             await self._replay.delete_tenant(event.tenant_id)
         if self._registry is not None:
             await self._registry.delete_tenant(event.tenant_id)
+        if self._holdout is not None:
+            await self._holdout.delete_tenant(event.tenant_id)
+        if self._prequential is not None:
+            await self._prequential.delete_tenant(event.tenant_id)
         log.info("trainer.tenant_deleted", tenant=event.tenant_id, nodes=deleted)
         # Deleting twice deletes nothing the second time: only a real deletion is announced.
         if deleted:

@@ -5,6 +5,12 @@ model in the registry (or the initial one), run `steps` PER batches, and publish
 with the lease's fencing token. After each batch the sampled traces get new priorities from
 their TD error, `outcome − predictPathSuccess(intent, path)` under the updated model.
 
+Gate: a trained candidate is published only if it ranks the executed tools of held-back
+executions (`holdout`, traces no version trained on) better than the serving version and the
+untrained first stage (`pml_shgat.gating`), with the correction weight w chosen on the same set;
+else it is kept in the registry as the tenant's last rejected candidate, with its figures, and
+the serving version stays.
+
 Safety: the lease is checked before every step and before publishing, and a lost lease
 abandons the round; the registry accepts a publish only with the newest fencing token, so even
 a trainer that was paused past its lease (and does not know yet) cannot overwrite a newer model.
@@ -23,20 +29,32 @@ from dataclasses import dataclass
 import numpy as np
 import structlog
 from neo4j import AsyncDriver
+from opentelemetry import metrics
 
 from pml_common.embedding import Embedder
 from pml_common.events import ModelPublished
 from pml_common.lease_lock import Lease, LeaseLock
 from pml_common.model_registry import ModelRecord, ModelRegistry, StaleFencingToken
 from pml_common.tool_graph import read_tool_graph
+from pml_shgat.gating import Judged, Verdict, judge, tool_scores
 from pml_shgat.hierarchy import Hierarchy
 from pml_shgat.params import Params, ShgatConfig, from_bytes, init_params, make_config, to_bytes
 from pml_shgat.serving import ServingModel
 from pml_shgat.training import ShgatTrainer, make_batch, path_examples
+from pml_trainer.evaluation import TenantView, build_view
 from pml_trainer.handlers import Publisher
-from pml_trainer.replay_buffer import ReplayBuffer, Sample
+from pml_trainer.holdout import HoldOut
+from pml_trainer.replay_buffer import ReplayBuffer, Sample, Trace
 
 log = structlog.get_logger(__name__)
+_meter = metrics.get_meter("pml.trainer")
+_decisions = _meter.create_counter(
+    "pml.trainer.gate.decisions", description="Trained candidates admitted or rejected"
+)
+_holdout_recall = _meter.create_gauge(
+    "pml.trainer.gate.holdout_recall_at_5",
+    description="Held-back recall@5 of the last candidate, the serving version, the first stage",
+)
 
 
 @dataclass(frozen=True)
@@ -48,6 +66,8 @@ class LearningConfig:
     poll_s: float = 1.0
     key_dim: int = 128
     seed: int | None = None
+    #: Held-back executions needed before any candidate can be admitted.
+    min_holdout: int = 3
 
 
 class RoundAbandoned(Exception):
@@ -66,8 +86,10 @@ class LearningLoop:
         embedder: Embedder,
         publisher: Publisher,
         config: LearningConfig,
+        holdout: HoldOut,
     ) -> None:
         self._buffer = buffer
+        self._holdout = holdout
         self._lock = lock
         self._registry = registry
         self._driver = driver
@@ -115,7 +137,9 @@ class LearningLoop:
     async def train_round(
         self, tenant: str, lease: Lease, stop: asyncio.Event | None = None
     ) -> ModelRecord | None:
-        """Train one tenant and publish the new version; None when there is nothing to learn.
+        """Train one tenant and publish the new version if the gate admits it, else keep it as
+        rejected; returns its record (metric `accepted` 1 or 0), None when there is nothing to
+        learn.
 
         Raises `RoundAbandoned` when the lease is lost or `stop` is set before the publish.
         """
@@ -146,7 +170,8 @@ class LearningLoop:
         if hierarchy.num_nodes == 0:
             await self._buffer.mark_trained(tenant, upto)
             return None
-        config, params = await self._starting_point(tenant, hierarchy)
+        published = await self._registry.current(tenant)
+        config, params = self._starting_point(tenant, hierarchy, published)
         trainer = ShgatTrainer(config, params, hierarchy, self._config.learning_rate)
         losses, errors = [], []
         for _ in range(self._config.steps):
@@ -162,20 +187,92 @@ class LearningLoop:
             "traces": float(await self._buffer.size(tenant)),
             # executions received before the round started: all of them could be sampled
             "traces_seen": float(upto),
-            "train_s": time.time() - wall_start,
         }
-        record = await self._publish(tenant, lease, config, trainer.params, metrics)
+        record = await self.admit(
+            tenant, lease, hierarchy, published, config, trainer.params, metrics, wall_start
+        )
         await self._buffer.mark_trained(tenant, upto)
         log.info(
             "learning.round_finished",
             tenant=tenant,
             token=lease.token,
             version=record.version,
+            accepted=bool(record.metrics.get("accepted")),
             at=time.time(),
             started_at=wall_start,
             **metrics,
         )
         return record
+
+    async def admit(
+        self,
+        tenant: str,
+        lease: Lease,
+        hierarchy: Hierarchy,
+        published: tuple[ModelRecord, bytes] | None,
+        config: ShgatConfig,
+        params: Params,
+        metrics: dict[str, float],
+        wall_start: float | None = None,
+    ) -> ModelRecord:
+        """Publish the candidate if the gate admits it against `published` (the serving
+        version, None for the first stage alone), else keep it as the last rejected one; the
+        record's metrics carry the decision (`accepted`) and the figures it was made on."""
+        serving = await asyncio.to_thread(build_view, hierarchy, published, self._config.key_dim)
+        verdict = await self.gate(tenant, serving, config, params)
+        _check(lease, None)
+        figures = {
+            **metrics,
+            **({"train_s": time.time() - wall_start} if wall_start is not None else {}),
+            "accepted": float(verdict.accepted),
+            **verdict.as_metrics(),
+        }
+        if verdict.accepted:
+            record = await self._publish(tenant, lease, config, params, figures)
+        else:
+            record = await self._reject(tenant, lease, config, params, figures)
+        _export(tenant, verdict)
+        log.info(
+            "learning.candidate_judged",
+            tenant=tenant,
+            version=record.version,
+            accepted=verdict.accepted,
+            reason=verdict.reason,
+            weight=verdict.weight,
+            candidate_recall_at_5=verdict.candidate.recall_at_5,
+            serving_recall_at_5=verdict.serving.recall_at_5,
+            first_stage_recall_at_5=verdict.first_stage.recall_at_5,
+            holdout=verdict.candidate.count,
+        )
+        return record
+
+    async def gate(
+        self, tenant: str, serving: TenantView, config: ShgatConfig, params: Params
+    ) -> Verdict:
+        """Judge a candidate against the serving view on the tenant's held-back executions."""
+        traces: list[Trace] = []
+        judged: list[Judged] = []
+        for trace in await self._holdout.recent(tenant):
+            one = serving.judged(trace)
+            if one is not None:
+                traces.append(trace)
+                judged.append(one)
+        intents = await self._intents([t.intent for t in traces])
+        return await asyncio.to_thread(
+            _judge,
+            serving,
+            ServingModel(config, params, serving.hierarchy),
+            traces,
+            intents,
+            judged,
+            self._config.min_holdout,
+        )
+
+    async def _intents(self, texts: list[str]) -> list[np.ndarray]:
+        unique = list(dict.fromkeys(texts))
+        vectors = list(await self._embedder.embed_queries(unique)) if unique else []
+        by_text = dict(zip(unique, vectors, strict=True))
+        return [np.asarray(by_text[t]) for t in texts]
 
     async def _step(
         self, tenant: str, trainer: ShgatTrainer, hierarchy: Hierarchy
@@ -201,11 +298,10 @@ class LearningLoop:
         graph = await read_tool_graph(self._driver, self._database, tenant, self._embedder)
         return Hierarchy.build(graph.tool_vectors, graph.capabilities, dim=self._embedder.dim)
 
-    async def _starting_point(
-        self, tenant: str, hierarchy: Hierarchy
+    def _starting_point(
+        self, tenant: str, hierarchy: Hierarchy, current: tuple[ModelRecord, bytes] | None
     ) -> tuple[ShgatConfig, Params]:
         """The tenant's current model, or a new one when none fits this embedder."""
-        current = await self._registry.current(tenant)
         if current is not None:
             config, params = from_bytes(current[1])
             if config.dim == hierarchy.dim:
@@ -215,10 +311,22 @@ class LearningLoop:
         return config, init_params(config, hierarchy.features, hierarchy.num_levels)
 
     async def _intent_vectors(self, sample: Sample) -> list[np.ndarray]:
-        unique = list(dict.fromkeys(t.intent for t in sample.traces))
-        vectors = await self._embedder.embed_queries(unique) if unique else []
-        by_text = dict(zip(unique, vectors, strict=True))
-        return [by_text[t.intent] for t in sample.traces]
+        return await self._intents([t.intent for t in sample.traces])
+
+    async def _reject(
+        self,
+        tenant: str,
+        lease: Lease,
+        config: ShgatConfig,
+        params: Params,
+        metrics: dict[str, float],
+    ) -> ModelRecord:
+        try:
+            return await self._registry.reject(
+                tenant, to_bytes(config, params), lease.token, metrics
+            )
+        except StaleFencingToken as exc:
+            raise RoundAbandoned(str(exc)) from exc
 
     async def _publish(
         self,
@@ -243,6 +351,35 @@ class LearningLoop:
             )
         )
         return record
+
+
+def _judge(
+    serving: TenantView,
+    candidate: ServingModel,
+    traces: Sequence[Trace],
+    intents: Sequence[np.ndarray],
+    judged: Sequence[Judged],
+    min_judged: int,
+) -> Verdict:
+    pairs = list(zip(traces, intents, strict=True))
+    return judge(
+        first_stage=[serving.first_stage(t.intent, v) for t, v in pairs],
+        serving=[serving.served(t.intent, v) for t, v in pairs],
+        candidate_correction=[tool_scores(candidate, v) for _, v in pairs],
+        judged=judged,
+        min_judged=min_judged,
+    )
+
+
+def _export(tenant: str, verdict: Verdict) -> None:
+    decision = "accepted" if verdict.accepted else "rejected"
+    _decisions.add(1, {"pml.tenant_id": tenant, "decision": decision})
+    for ranker, figures in (
+        ("candidate", verdict.candidate),
+        ("serving", verdict.serving),
+        ("first_stage", verdict.first_stage),
+    ):
+        _holdout_recall.set(figures.recall_at_5, {"pml.tenant_id": tenant, "ranker": ranker})
 
 
 def _td_errors(

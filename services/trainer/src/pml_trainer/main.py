@@ -24,12 +24,15 @@ from pml_common.grpc_server import GrpcServer
 from pml_common.lease_lock import LeaseLock
 from pml_common.lifecycle import wait_for_shutdown_signal
 from pml_common.model_registry import ModelRegistry
+from pml_common.prequential import PrequentialStore
 from pml_common.settings import Settings
 from pml_common.stores import neo4j_driver, redis_client
 from pml_common.telemetry import configure_logging, setup_telemetry
 from pml_trainer.cold_start import ColdStartConfig, load_templates
+from pml_trainer.evaluation import Prequential, TenantViews
 from pml_trainer.graph_store import GraphStore
 from pml_trainer.handlers import TrainerHandlers
+from pml_trainer.holdout import HoldOut
 from pml_trainer.learning import LearningConfig, LearningLoop
 from pml_trainer.replay_buffer import ReplayBuffer
 
@@ -54,6 +57,11 @@ async def serve(settings: Settings) -> None:
         embedder = build_embedder(settings, redis)
         replay = _replay_buffer(settings, redis)
         registry = ModelRegistry(redis, settings.model_keep_versions)
+        holdout = HoldOut(redis)
+        views = TenantViews(
+            driver, settings.neo4j_database, embedder, registry, settings.shgat_key_dim
+        )
+        prequential = Prequential(views, PrequentialStore(redis), embedder)
         handlers = TrainerHandlers(
             store,
             bus,
@@ -62,6 +70,8 @@ async def serve(settings: Settings) -> None:
             ColdStartConfig(similarity_threshold=settings.cold_start_similarity),
             replay,
             registry,
+            holdout,
+            prequential,
         )
         handlers.subscribe(bus)
         await bus.start()
@@ -75,6 +85,7 @@ async def serve(settings: Settings) -> None:
             embedder=embedder,
             publisher=bus,
             config=_learning_config(settings),
+            holdout=holdout,
         )
         stop_learning = asyncio.Event()
         learner = asyncio.create_task(learning.run(stop_learning), name="learning")

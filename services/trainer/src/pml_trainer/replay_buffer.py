@@ -272,6 +272,11 @@ def _empty_sample(beta: float) -> Sample:
     return Sample(traces=[], ids=[], probabilities=empty, weights=empty, beta=beta, step=-1)
 
 
+def traces_key(tenant_id: str) -> str:
+    """The hash of the tenant's stored traces (the hold-back script checks membership in it)."""
+    return _Keys(tenant_id).traces
+
+
 class _Keys:
     def __init__(self, tenant_id: str) -> None:
         if not tenant_id:

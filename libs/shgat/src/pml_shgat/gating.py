@@ -1,0 +1,212 @@
+"""Learning that never hurts: the served tool score and the rule that admits a new version.
+
+The score served for tools is the untrained first stage plus a learned correction,
+
+    served = first_stage + w · correction,    correction = SHGAT's tool score (sigmoid, 0..1)
+
+with the weight w chosen, per version, on executions that version did not train on (held back).
+w = 0 is always in the grid, so on that set the served ranking is never worse than the first
+stage's. A candidate version replaces the serving one only if it ranks the executed tools of the
+held-back executions better than both the serving combination and the first stage alone.
+
+Everything here is pure numpy over score vectors (one score per tool, in hierarchy order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pml_shgat.hierarchy import Hierarchy
+from pml_shgat.params import init_params, make_config
+from pml_shgat.serving import ServingModel
+
+#: Weights tried for the correction; 0 (the first stage alone) must stay first.
+WEIGHT_GRID: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+#: Cut-offs of the recall figures.
+CUTOFFS = (1, 5, 10)
+#: The recall that decides, and by how much a candidate must beat it to count as better;
+#: within the margin, the mean reciprocal rank of the first executed tool decides.
+DECIDING_K = 5
+RECALL_MARGIN = 0.01
+MRR_MARGIN = 0.005
+
+FloatArray = NDArray[np.floating]
+#: Name of the correction weight in a published version's metrics.
+WEIGHT_METRIC = "correction_weight"
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One execution to rank: the tools it used, as indices into the score vectors."""
+
+    relevant: tuple[int, ...]  # distinct, in the order of the path; the first is the first step
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Mean ranking figures over executions."""
+
+    recall_at_1: float
+    recall_at_5: float
+    recall_at_10: float
+    #: Mean 1-based rank of the first executed tool, and the mean of its reciprocal.
+    first_rank: float
+    mrr: float
+    count: int
+
+    def as_metrics(self, prefix: str) -> dict[str, float]:
+        return {
+            f"{prefix}recall_at_1": self.recall_at_1,
+            f"{prefix}recall_at_5": self.recall_at_5,
+            f"{prefix}recall_at_10": self.recall_at_10,
+            f"{prefix}first_rank": self.first_rank,
+            f"{prefix}mrr": self.mrr,
+        }
+
+
+EMPTY = Figures(0.0, 0.0, 0.0, 0.0, 0.0, 0)
+
+
+def served_scores(
+    first_stage: FloatArray, correction: FloatArray | None, weight: float
+) -> FloatArray:
+    """`first_stage + weight · correction`; the first stage alone without a correction or at 0."""
+    if correction is None or weight == 0.0:
+        return np.asarray(first_stage, dtype=np.float64)
+    return np.asarray(first_stage, dtype=np.float64) + weight * np.asarray(correction, np.float64)
+
+
+def one_figures(scores: FloatArray, relevant: Sequence[int]) -> tuple[float, ...]:
+    """(recall@1, @5, @10, first rank) of one execution; ties count against the executed tool."""
+    values = np.asarray(scores, dtype=np.float64)
+    # Rank of a tool = 1 + number of tools scored strictly higher, + ties (pessimistic).
+    ranks = [
+        1 + int(np.sum(values > values[i])) + int(np.sum(values == values[i])) - 1 for i in relevant
+    ]
+    recalls = tuple(sum(r <= k for r in ranks) / len(ranks) for k in CUTOFFS)
+    return (*recalls, float(ranks[0]))
+
+
+def figures(rows: Sequence[FloatArray], judged: Sequence[Judged]) -> Figures:
+    """Mean figures of score vectors `rows` against the executions they were computed for."""
+    if not judged:
+        return EMPTY
+    each = np.asarray([one_figures(r, j.relevant) for r, j in zip(rows, judged, strict=True)])
+    means = each.mean(axis=0)
+    return Figures(
+        recall_at_1=float(means[0]),
+        recall_at_5=float(means[1]),
+        recall_at_10=float(means[2]),
+        first_rank=float(means[3]),
+        mrr=float(np.mean(1.0 / each[:, 3])),
+        count=len(judged),
+    )
+
+
+def better(a: Figures, b: Figures) -> bool:
+    """Whether `a` ranks better than `b`: recall@5 beyond the margin, or equal within it and a
+    better mean reciprocal rank of the first executed tool."""
+    if a.recall_at_5 > b.recall_at_5 + RECALL_MARGIN:
+        return True
+    if a.recall_at_5 < b.recall_at_5 - RECALL_MARGIN:
+        return False
+    return a.mrr > b.mrr + MRR_MARGIN
+
+
+def choose_weight(
+    first_stage: Sequence[FloatArray],
+    correction: Sequence[FloatArray],
+    judged: Sequence[Judged],
+    grid: Sequence[float] = WEIGHT_GRID,
+) -> tuple[float, Figures]:
+    """The weight of the grid whose served scores rank the executions best, and its figures.
+
+    A larger weight must be better (per `better`) than the best so far to win, so a correction
+    that adds nothing keeps the smaller weight, down to 0 (the first stage alone).
+    """
+    if not grid or grid[0] != 0.0:
+        raise ValueError("the weight grid must start at 0 (the first stage alone)")
+    best_w, best = 0.0, figures(first_stage, judged)
+    for w in grid[1:]:
+        rows = [served_scores(f, c, w) for f, c in zip(first_stage, correction, strict=True)]
+        candidate = figures(rows, judged)
+        if better(candidate, best):
+            best_w, best = w, candidate
+    return best_w, best
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the gate decided for a candidate, with the figures it decided on."""
+
+    accepted: bool
+    reason: str
+    weight: float
+    candidate: Figures
+    serving: Figures
+    first_stage: Figures
+
+    def as_metrics(self) -> dict[str, float]:
+        return {
+            WEIGHT_METRIC: self.weight,
+            "holdout_size": float(self.candidate.count),
+            **self.candidate.as_metrics("holdout_candidate_"),
+            **self.serving.as_metrics("holdout_serving_"),
+            **self.first_stage.as_metrics("holdout_first_stage_"),
+        }
+
+
+def judge(
+    first_stage: Sequence[FloatArray],
+    serving: Sequence[FloatArray],
+    candidate_correction: Sequence[FloatArray],
+    judged: Sequence[Judged],
+    min_judged: int = 1,
+) -> Verdict:
+    """Admit the candidate only if, with its best weight, it beats both the serving combination
+    and the first stage alone on the held-back executions `judged`.
+
+    `serving` are the scores served now (the first stage itself before any version was admitted).
+    """
+    base = figures(first_stage, judged)
+    now = figures(serving, judged)
+    weight, cand = choose_weight(first_stage, candidate_correction, judged)
+    if len(judged) < min_judged:
+        reason, accepted = f"{len(judged)} held-back executions, {min_judged} needed", False
+    elif not better(cand, now):
+        reason, accepted = "not better than the serving version on held-back executions", False
+    elif not better(cand, base):
+        reason, accepted = "not better than the first stage on held-back executions", False
+    else:
+        reason, accepted = "better than the serving version and the first stage", True
+    return Verdict(accepted, reason, weight, cand, now, base)
+
+
+class Baseline(Protocol):
+    """The untrained first stage of a tenant: one relevance per tool, in hierarchy order."""
+
+    def scores(self, text: str | None, intent: FloatArray) -> FloatArray: ...
+
+
+def tool_scores(model: ServingModel, intent: FloatArray) -> FloatArray:
+    """SHGAT's score of every tool (sigmoid of its logit), in hierarchy order."""
+    logits = model.logits(intent)[: model.hierarchy.num_tools].astype(np.float64)
+    return np.asarray(1.0 / (1.0 + np.exp(-logits)), dtype=np.float64)
+
+
+class UntrainedShgat:
+    """SHGAT with its initial parameters, which rank like cosine similarity: a first stage that
+    needs no text index (the intent text is not used)."""
+
+    def __init__(self, hierarchy: Hierarchy, key_dim: int) -> None:
+        config = make_config(hierarchy.dim, key_dim, max(hierarchy.num_nodes, 1))
+        params = init_params(config, hierarchy.features, hierarchy.num_levels)
+        self.model = ServingModel(config, params, hierarchy)
+
+    def scores(self, text: str | None, intent: FloatArray) -> FloatArray:
+        return tool_scores(self.model, intent)

@@ -1,0 +1,168 @@
+"""How the scorer ranks a tenant's tools right now, as the trainer sees it: prequential figures
+and the held-back comparison that gates every new version (`pml_shgat.gating`).
+
+A `TenantView` is the tenant's hierarchy, its untrained first stage and its serving version
+(parameters and correction weight w), so `served` computes what `ScoreTools` serves:
+`first_stage + w · SHGAT`. Views are cached per tenant and rebuilt when the registry's version
+changes or after `max_age_s` (new tools reach the prequential figures within that delay; a tool
+the view does not know yet counts as ranked last).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import structlog
+from neo4j import AsyncDriver
+from numpy.typing import NDArray
+from opentelemetry import metrics
+
+from pml_common.embedding import Embedder
+from pml_common.model_registry import ModelRecord, ModelRegistry
+from pml_common.prequential import PrequentialStore
+from pml_common.tool_graph import ToolGraph, read_tool_graph
+from pml_shgat.gating import (
+    WEIGHT_METRIC,
+    Baseline,
+    Judged,
+    UntrainedShgat,
+    one_figures,
+    served_scores,
+    tool_scores,
+)
+from pml_shgat.hierarchy import Hierarchy
+from pml_shgat.params import from_bytes
+from pml_shgat.serving import ServingModel
+from pml_trainer.replay_buffer import Trace
+
+log = structlog.get_logger(__name__)
+_meter = metrics.get_meter("pml.trainer")
+_recall = _meter.create_histogram(
+    "pml.trainer.prequential.recall",
+    description="Recall@k of the executed tools under the serving scores, before learning",
+)
+_first_rank = _meter.create_histogram(
+    "pml.trainer.prequential.first_rank",
+    description="Rank of the first executed tool under the serving scores, before learning",
+)
+
+
+@dataclass(frozen=True)
+class TenantView:
+    hierarchy: Hierarchy
+    baseline: Baseline
+    #: The published version's SHGAT, None before any version was admitted.
+    serving: ServingModel | None
+    weight: float
+    version: str
+    built_at: float
+
+    def judged(self, trace: Trace) -> Judged | None:
+        """The trace's executed tools as hierarchy indices; None when it used no known tool."""
+        known = (self.hierarchy.node_index(node) for node in dict.fromkeys(trace.path))
+        relevant = tuple(i for i in known if i is not None and self.hierarchy.is_tool(i))
+        return Judged(relevant) if relevant else None
+
+    def first_stage(self, text: str, vector: NDArray[np.floating]) -> NDArray[np.floating]:
+        return self.baseline.scores(text, vector)
+
+    def served(self, text: str, vector: NDArray[np.floating]) -> NDArray[np.floating]:
+        correction = tool_scores(self.serving, vector) if self.serving is not None else None
+        return served_scores(self.first_stage(text, vector), correction, self.weight)
+
+
+def build_view(
+    hierarchy: Hierarchy, published: tuple[ModelRecord, bytes] | None, key_dim: int
+) -> TenantView:
+    """The view of a hierarchy served with `published` (the first stage alone when None or
+    unusable)."""
+    baseline = UntrainedShgat(hierarchy, key_dim)
+    serving, weight, version = None, 0.0, "untrained"
+    if published is not None:
+        record, blob = published
+        try:
+            config, params = from_bytes(blob)
+        except Exception as exc:  # the scorer serves the first stage alone then, and so do we
+            log.error("evaluation.model_unreadable", version=record.version, error=repr(exc))
+            return TenantView(hierarchy, baseline, None, 0.0, version, time.monotonic())
+        if config.dim == hierarchy.dim:
+            serving = ServingModel(config, params, hierarchy)
+            weight = float(record.metrics.get(WEIGHT_METRIC, 0.0))
+            version = record.version
+    return TenantView(hierarchy, baseline, serving, weight, version, time.monotonic())
+
+
+def hierarchy_of(graph: ToolGraph, dim: int) -> Hierarchy:
+    return Hierarchy.build(graph.tool_vectors, graph.capabilities, dim=dim)
+
+
+class TenantViews:
+    """Cached `TenantView`s of the tenants the trainer receives executions for."""
+
+    def __init__(
+        self,
+        driver: AsyncDriver,
+        database: str,
+        embedder: Embedder,
+        registry: ModelRegistry,
+        key_dim: int,
+        max_age_s: float = 10.0,
+    ) -> None:
+        self._driver = driver
+        self._database = database
+        self._embedder = embedder
+        self._registry = registry
+        self._key_dim = key_dim
+        self._max_age_s = max_age_s
+        self._views: dict[str, TenantView] = {}
+
+    async def get(self, tenant: str) -> TenantView:
+        cached = self._views.get(tenant)
+        if cached is not None and time.monotonic() - cached.built_at < self._max_age_s:
+            record = await self._registry.current_record(tenant)
+            if (record.version if record else "untrained") == cached.version:
+                return cached
+        graph = await read_tool_graph(self._driver, self._database, tenant, self._embedder)
+        published = await self._registry.current(tenant)
+        view = build_view(hierarchy_of(graph, self._embedder.dim), published, self._key_dim)
+        self._views[tenant] = view
+        return view
+
+    def forget(self, tenant: str) -> None:
+        self._views.pop(tenant, None)
+
+
+class Prequential:
+    """Records how the serving scores rank each execution's tools, before it is learned."""
+
+    def __init__(self, views: TenantViews, store: PrequentialStore, embedder: Embedder) -> None:
+        self._views = views
+        self._store = store
+        self._embedder = embedder
+
+    async def observe(self, tenant: str, trace: Trace) -> tuple[float, ...] | None:
+        """Record the trace's figures (recall@1, @5, @10, first rank); None if it used no tool
+        the tenant has."""
+        view = await self._views.get(tenant)
+        judged = view.judged(trace)
+        if judged is None:
+            return None
+        [vector] = await self._embedder.embed_queries([trace.intent])
+        scores = view.served(trace.intent, np.asarray(vector))
+        figures = one_figures(scores, judged.relevant)
+        if await self._store.record(tenant, trace.trace_id, *figures):
+            _export(tenant, figures)
+        return figures
+
+    async def delete_tenant(self, tenant: str) -> None:
+        self._views.forget(tenant)
+        await self._store.delete_tenant(tenant)
+
+
+def _export(tenant: str, figures: Sequence[float]) -> None:
+    for k, value in zip((1, 5, 10), figures[:3], strict=True):
+        _recall.record(value, {"pml.tenant_id": tenant, "k": k})
+    _first_rank.record(figures[3], {"pml.tenant_id": tenant})
