@@ -7,15 +7,17 @@ from rich.console import Console
 from pml.v1 import planner_pb2
 from pml_cli.eval_folds import capability_orders, co_used_capabilities, training_events
 from pml_cli.eval_plan import (
+    PlanRun,
     candidates_of,
     evaluate_plan,
     methods_of,
     plan_queries,
+    planner_asker,
     run_plans,
     sequence_source,
 )
+from pml_cli.eval_runs import PerQueryLog
 from pml_cli.eval_tools import EvalError, ToolQuery
-from pml_cli.plan_metrics import PlanMetrics
 from pml_cli.workflow_sets import write_synthetic_workflows
 from pml_common.settings import Settings
 
@@ -93,15 +95,16 @@ class FakePlanner:
 
 def test_run_plans_asks_every_prefix_and_one_dag() -> None:
     stub = FakePlanner()
-    metrics = PlanMetrics(tool_ids={"a", "b", "c", "z"})
+    run = PlanRun({"a", "b", "c", "z"})
     queries = [q("1", ["a", "b", "c"], ["a", "b", "c"]), q("2", ["b", "a"], ["b", "a"])]
-    accepted = run_plans(stub, "t", "legacy", queries, metrics, QUIET, "test")
-    assert accepted == {"next": 5, "dag": 0}
+    run_plans(planner_asker(stub, "t", "legacy"), queries, run, QUIET, "legacy", PerQueryLog(None))
     contexts = sorted(tuple(r.context_tools) for r in stub.next_requests)
     assert contexts == sorted([(), ("a",), ("a", "b"), (), ("b",)])
     assert {r.method for r in stub.next_requests} == {"legacy"}
     assert {r.tenant_id for r in stub.dag_requests} == {"t"} and len(stub.dag_requests) == 2
-    result = metrics.result()
+    result = run.result()
+    assert result["next_accepted"] == 1.0 and result["dag_accepted"] == 0.0
+    assert result["failed"] == 0
     # query 1: a, b, c all second → hit@3 only; query 2: [] → a (not b), [b] → c (not a)
     assert result["predictions"] == 5
     assert result["next_hit@1"] == 0.0
@@ -119,6 +122,7 @@ def test_candidates_fall_back_to_next_tool() -> None:
 def test_methods_are_one_or_several_known_ones_in_order() -> None:
     assert methods_of("drdsp") == ["drdsp"]
     assert methods_of(" search,drdsp,search ") == ["search", "drdsp"]
+    assert methods_of("knn,drdsp") == ["knn", "drdsp"]
     for bad in ("", ",", "drdsp,shgat"):
         with pytest.raises(EvalError, match="unknown method"):
             methods_of(bad)

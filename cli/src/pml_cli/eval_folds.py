@@ -1,16 +1,27 @@
-"""`pml eval tools --folds K`: learned ranking (SHGAT) against cosine under the same folds.
+"""`pml eval tools --folds K`: learned ranking against supervised baselines and the first
+stage, every method on the same folds.
 
-Queries are split into K folds (seeded shuffle, so every method sees the same split). For each
-fold a tenant of its own receives the catalog and then learns from the *training* folds the
-way a live system does: every training query becomes an `ExecutionCompleted` event (intent =
-query, steps = `sequence` when present else `relevant`, outcome = success) published on the
-stream, which the real trainer consumes, buffers and trains on under its lock; the scorer then
-serves the published model. The *test* fold's queries are ranked through the public gRPC API.
+Queries are split into K folds, by query or by workflow (`eval_split`; seeded, so every method
+sees the same split). For each fold:
+- the supervised baselines `knn` and `popular` (`eval_baselines`) are computed in this process
+  from the training folds;
+- for the methods served by the system, a tenant of its own receives the catalog; when a
+  learned method (`shgat`) is asked for, it then learns from the *training* folds the way a
+  live system does: every training query becomes an `ExecutionCompleted` event (intent =
+  query, steps = `sequence` when present else `relevant`, outcome = success) published on the
+  stream, which the real trainer consumes, buffers and trains on under its lock; the scorer
+  then serves the published model. The *test* fold's queries are ranked through the public
+  gRPC API. Single-pass methods (`cosine`, `dense`, ...) learn nothing and rank as without
+  folds.
 
 Capabilities: a data set in the exchange format has none, so each distinct set of tools used
 together by a training query (two tools or more) becomes one capability, named after its tools
 and without a description (its embedding is the mean of its tools'). Test queries never shape
-capabilities.
+capabilities, baselines or anything learned.
+
+The result has one block per method and, for every method that is not a baseline, its
+difference to the best baseline per metric (`vs_best_baseline`); `test_gold_seen` counts the
+test queries whose gold tool set a training query had (what memory alone could answer).
 """
 
 from __future__ import annotations
@@ -18,60 +29,53 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from rich.console import Console
 
 from pml.v1 import common_pb2, scorer_pb2, search_pb2
 from pml_cli import client
+from pml_cli.eval_baselines import (
+    BASELINES,
+    ToolKnn,
+    by_popularity,
+    embed_intents,
+    popularity,
+)
+from pml_cli.eval_data import EvalError, ToolQuery, load_tool_catalog
+from pml_cli.eval_runs import (
+    PerQueryLog,
+    compare_to_baselines,
+    methods_of,
+    per_query_log,
+)
+from pml_cli.eval_split import SPLIT_SEED, gold_seen, train_test_folds
+from pml_cli.eval_split import fold_split as fold_split
+from pml_cli.eval_split import steps_of as steps_of
 from pml_cli.eval_tools import (
+    METHODS,
     TOP_K,
-    EvalError,
-    ToolQuery,
+    Rank,
+    ToolRun,
     eval_tenant,
-    load_queries,
-    load_tool_catalog,
+    load_eval_queries,
     rank_queries,
     ranker,
+    retrying,
 )
 from pml_cli.local_stack import running_system
-from pml_cli.metrics import ToolMetrics
+from pml_cli.metrics import TOOL_METRICS
 from pml_common.events import ExecutionCompleted, ExecutionStep
 from pml_common.settings import Settings
 
-FOLD_METHODS = ("shgat", "cosine")
-SPLIT_SEED = 0
-Q = TypeVar("Q")
+LEARNED = ("shgat",)
+FOLD_METHODS = (*LEARNED, *BASELINES, *METHODS)
 #: How long one fold may wait for the trainer to publish a model that saw all its executions.
 TRAINING_TIMEOUT_S = 1800.0
-
-
-def fold_split(count: int, folds: int, seed: int = SPLIT_SEED) -> list[np.ndarray]:
-    if folds < 2 or folds > count:
-        raise EvalError(f"--folds must be between 2 and the number of queries ({count})")
-    order = np.random.default_rng(seed).permutation(count)
-    return list(np.array_split(order, folds))
-
-
-def train_test_folds(
-    queries: Sequence[Q], folds: int, seed: int = SPLIT_SEED
-) -> list[tuple[list[Q], list[Q]]]:
-    """(training queries, test queries) of every fold of `fold_split`."""
-    split = fold_split(len(queries), folds, seed)
-    return [
-        (
-            [queries[i] for other, rows in enumerate(split) if other != number for i in rows],
-            [queries[i] for i in test_rows],
-        )
-        for number, test_rows in enumerate(split)
-    ]
-
-
-def steps_of(query: ToolQuery) -> list[str]:
-    return list(dict.fromkeys(query.sequence or query.relevant))
 
 
 def co_used_capabilities(queries: Sequence[ToolQuery]) -> dict[tuple[str, ...], str]:
@@ -88,46 +92,95 @@ def evaluate_folds(
     min_relevant: int,
     max_queries: int | None,
     console: Console,
+    split: str = "query",
+    seed: int = SPLIT_SEED,
+    per_query: Path | None = None,
 ) -> dict[str, Any]:
-    if method not in FOLD_METHODS:
-        raise EvalError(f"--folds supports {', '.join(FOLD_METHODS)}, not {method!r}")
+    methods = methods_of(method, FOLD_METHODS, "with --folds")
     tools = load_tool_catalog(data)
-    queries = [q for q in load_queries(data / "queries.jsonl") if len(q.relevant) >= min_relevant]
-    queries = queries[:max_queries] if max_queries is not None else queries
-    if not queries:
-        raise EvalError(f"{data / 'queries.jsonl'}: no query with {min_relevant}+ relevant tools")
-    split = train_test_folds(queries, folds)
-    services = ("search", "trainer", "scorer") if method == "shgat" else ("search",)
-    metrics = ToolMetrics()
+    queries, truncated = load_eval_queries(settings, data, max_queries, min_relevant)
+    parts = train_test_folds(queries, folds, split, seed)
+    vectors = intent_vectors(settings, queries, console) if "knn" in methods else {}
+    served = [m for m in methods if m not in BASELINES]
+    runs = {m: ToolRun() for m in methods}
+    seen = 0
     started = time.perf_counter()
-    with running_system(settings, console, services) as live:
-        for number, (train, test) in enumerate(split):
-            label = f"fold {number + 1}/{folds}"
-            with eval_tenant(live, tools, console, label) as tenant:
-                rank = _prepare(live, tenant, method, train, console, number, folds)
-                rank_queries(rank, test, metrics, console, f"{label}: {method}")
+    with per_query_log(per_query) as log, _system(settings, console, served) as live:
+        for number, (train, test) in enumerate(parts):
+            seen += gold_seen(train, test)
+            for m in (m for m in methods if m in BASELINES):
+                rank = baseline_ranker(m, train, vectors)
+                rank_queries(rank, test, runs[m], console, m, log, number)
+            if live is not None:
+                _served_fold(live, tools, served, train, test, runs, console, log, number)
+    results = {m: runs[m].result() for m in methods}
+    compare_to_baselines(results, BASELINES, TOOL_METRICS)
     return {
-        "method": method,
+        "data": data.name,
+        "split": split,
+        "seed": seed,
         "folds": folds,
         "min_relevant": min_relevant,
-        **metrics.result(),
+        "queries": len(queries),
+        "truncated": truncated,
+        "test_gold_seen": seen,
+        "methods": results,
         "seconds": round(time.perf_counter() - started, 1),
     }
 
 
-def _prepare(
-    settings: Settings,
-    tenant: str,
-    method: str,
+@contextmanager
+def _system(
+    settings: Settings, console: Console, served: Sequence[str]
+) -> Iterator[Settings | None]:
+    """The running system the served methods need; None (nothing started) when there are none."""
+    if not served:
+        yield None
+        return
+    services = ("search", "trainer", "scorer") if set(served) & set(LEARNED) else ("search",)
+    with running_system(settings, console, services) as live:
+        yield live
+
+
+def _served_fold(
+    live: Settings,
+    tools: Sequence[Any],
+    served: Sequence[str],
     train: list[ToolQuery],
+    test: list[ToolQuery],
+    runs: dict[str, ToolRun],
     console: Console,
+    log: PerQueryLog,
     number: int,
-    folds: int,
-) -> Callable[[str], list[str]]:
-    if method == "cosine":
-        return ranker(settings, tenant, "cosine")
-    learn_from(settings, tenant, train, console, f"fold {number + 1}/{folds}")
-    return _shgat_ranker(settings, tenant)
+) -> None:
+    """One fold of the methods the system serves, on a tenant of the fold's own."""
+    label = f"fold {number + 1}"
+    with eval_tenant(live, tools, console, label) as tenant:
+        if set(served) & set(LEARNED):
+            learn_from(live, tenant, train, console, label)
+        for m in served:
+            rank = _shgat_ranker(live, tenant) if m == "shgat" else ranker(live, tenant, m)
+            rank_queries(rank, test, runs[m], console, m, log, number)
+
+
+def intent_vectors(
+    settings: Settings, queries: Sequence[ToolQuery], console: Console
+) -> dict[str, np.ndarray]:
+    """Query id → the embedding of its intent, by the system's embedder."""
+    with console.status(f"embedding {len(queries)} intents for knn…"):
+        matrix = embed_intents(settings, [q.query for q in queries])
+    return {q.id: matrix[i] for i, q in enumerate(queries)}
+
+
+def baseline_ranker(
+    method: str, train: Sequence[ToolQuery], vectors: dict[str, np.ndarray]
+) -> Rank:
+    """The `Rank` of a supervised baseline learned from `train` alone."""
+    if method == "popular":
+        ranking = by_popularity(popularity(train))[:TOP_K]
+        return lambda query: ranking
+    knn = ToolKnn(train, np.stack([vectors[q.id] for q in train]))
+    return lambda query: knn.rank(vectors[query.id], TOP_K)
 
 
 def learn_from(
@@ -235,13 +288,13 @@ def wait_for_model(settings: Settings, tenant: str, executions: int) -> str:
     raise EvalError(f"no model trained on all {executions} executions within {TRAINING_TIMEOUT_S}s")
 
 
-def _shgat_ranker(settings: Settings, tenant: str) -> Callable[[str], list[str]]:
+def _shgat_ranker(settings: Settings, tenant: str) -> Rank:
     stub = client.scorer_stub(settings)
 
-    def rank(query: str) -> list[str]:
+    def rank(query: ToolQuery) -> list[str]:
         reply = stub.ScoreTools(
-            scorer_pb2.ScoreRequest(tenant_id=tenant, text=query, top_k=TOP_K), timeout=60
+            scorer_pb2.ScoreRequest(tenant_id=tenant, text=query.query, top_k=TOP_K), timeout=60
         )
         return [s.id for s in reply.scores]
 
-    return rank
+    return retrying(rank)

@@ -15,39 +15,64 @@ every test query of n steps is asked n times for the next step (PredictNext with
 i = 0..n-1 steps as context) and once for a whole workflow (SuggestDag), with the chosen method;
 the metrics are those of `plan_metrics`. The tenant is deleted afterwards.
 
-Several methods (`--method drdsp,legacy,search`) are asked in turn on the same learned folds, so
-they are compared on one and the same learning; the result then has one entry per method.
+Folds are split by query or by workflow (`--split`, see `eval_split`: with `workflow` no test
+query's tool set was run in training). Capabilities, executions and the `knn` baseline come
+from the training folds only. `knn` (`eval_baselines`) answers in this process from the
+nearest training intent's sequence, and marks every answer accepted.
+
+Several methods (`--method drdsp,legacy,knn`) are asked in turn on the same learned folds, so
+they are compared on one and the same learning; the result has one block per method, and
+every planner method its difference to `knn` per metric (`vs_best_baseline`). A query whose
+call fails is reported and scored as an empty answer; `--per-query FILE` keeps every answer.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import grpc
+import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 
 from pml.v1 import planner_pb2
 from pml_cli import client
-from pml_cli.eval_folds import learn_from, steps_of, train_test_folds
-from pml_cli.eval_tools import EvalError, ToolQuery, eval_tenant, load_queries, load_tool_catalog
+from pml_cli.eval_baselines import PlanKnn, next_candidates
+from pml_cli.eval_data import EvalError, ToolQuery, load_queries, load_tool_catalog
+from pml_cli.eval_folds import intent_vectors, learn_from
+from pml_cli.eval_runs import (
+    Failures,
+    Grouped,
+    PerQueryLog,
+    check_unique_ids,
+    compare_to_baselines,
+    describe,
+    fit_queries,
+    per_query_log,
+)
+from pml_cli.eval_runs import methods_of as _methods_of
+from pml_cli.eval_split import SPLIT_SEED, gold_seen, steps_of, train_test_folds
+from pml_cli.eval_tools import eval_tenant
 from pml_cli.local_stack import running_system
-from pml_cli.plan_metrics import PlanMetrics, next_step_cases
+from pml_cli.plan_metrics import PLAN_METRICS, PlanMetrics, chain_edges, next_step_cases
 from pml_common.settings import Settings
 
 PLAN_SERVICES = ("search", "trainer", "scorer", "planner")
+PLAN_BASELINES = ("knn",)
+EVAL_PLAN_METHODS = (*client.PLAN_METHODS, *PLAN_BASELINES)
 RPC_TIMEOUT_S = 60.0
 IN_FLIGHT = 4
+#: How many next-step candidates the per-query log keeps.
+LOGGED_CANDIDATES = 3
 
 T = TypeVar("T")
-#: A next-step case as asked: the context size, the expected tool and the planner's reply.
-_Next = tuple[int, str, planner_pb2.PredictNextResponse]
 
 
 class PlannerStub(Protocol):
@@ -58,6 +83,28 @@ class PlannerStub(Protocol):
     def SuggestDag(
         self, request: planner_pb2.SuggestDagRequest, timeout: float
     ) -> planner_pb2.SuggestDagResponse: ...
+
+
+@dataclass
+class NextAnswer:
+    context_size: int
+    expected: str
+    candidates: list[str]
+    accepted: bool
+
+
+@dataclass
+class Plan:
+    """A method's answers for one query: every next step, and one DAG."""
+
+    nexts: list[NextAnswer]
+    nodes: list[str]
+    edges: list[tuple[str, str]]
+    order: list[str]
+    accepted: bool
+
+
+Asker = Callable[[ToolQuery], Plan]
 
 
 def sequence_source(queries: Sequence[ToolQuery]) -> str:
@@ -82,13 +129,8 @@ def candidates_of(reply: planner_pb2.PredictNextResponse) -> list[str]:
 
 
 def methods_of(spec: str) -> list[str]:
-    """`drdsp` or `drdsp,legacy,...`: known methods, in the given order, without repeats."""
-    methods = list(dict.fromkeys(m.strip() for m in spec.split(",") if m.strip()))
-    unknown = [m for m in methods if m not in client.PLAN_METHODS]
-    if unknown or not methods:
-        choices = ", ".join(client.PLAN_METHODS)
-        raise EvalError(f"unknown method {spec!r}; choose among {choices} (comma-separated)")
-    return methods
+    """`drdsp` or `drdsp,legacy,knn,...`: known methods, in the given order, without repeats."""
+    return _methods_of(spec, EVAL_PLAN_METHODS)
 
 
 def evaluate_plan(
@@ -99,6 +141,9 @@ def evaluate_plan(
     min_steps: int,
     max_queries: int | None,
     console: Console,
+    split: str = "query",
+    seed: int = SPLIT_SEED,
+    per_query: Path | None = None,
 ) -> dict[str, Any]:
     methods = methods_of(method)
     if min_steps < 1:
@@ -107,37 +152,105 @@ def evaluate_plan(
     queries = plan_queries(load_queries(data / "queries.jsonl"), min_steps)[:max_queries]
     if not queries:
         raise EvalError(f"{data / 'queries.jsonl'}: no query with {min_steps}+ steps")
+    check_unique_ids(queries)
+    queries, truncated = fit_queries(queries, settings.max_query_chars)
     source = sequence_source(queries)
     if source != "sequence":
         console.log(f"queries without `sequence`: using `relevant` in file order ({source})")
-    split = train_test_folds(queries, folds)
-    metrics = {m: PlanMetrics(tool_ids={t.id for t in tools}) for m in methods}
-    accepted: dict[str, Counter[str]] = {m: Counter() for m in methods}
+    parts = train_test_folds(queries, folds, split, seed)
+    vectors = intent_vectors(settings, queries, console) if "knn" in methods else {}
+    tool_ids = {t.id for t in tools}
+    runs = {m: PlanRun(tool_ids) for m in methods}
+    served = [m for m in methods if m not in PLAN_BASELINES]
+    seen = 0
     started = time.perf_counter()
-    with running_system(settings, console, PLAN_SERVICES) as live:
-        stub = client.planner_stub(live)
-        for number, (train, test) in enumerate(split):
+    with per_query_log(per_query) as log, _planner_system(settings, console, served) as live:
+        for number, (train, test) in enumerate(parts):
+            seen += gold_seen(train, test)
+            if "knn" in methods:
+                knn = PlanKnn(train, np.stack([vectors[q.id] for q in train]))
+                ask = knn_asker(knn, vectors)
+                run_plans(ask, test, runs["knn"], console, "knn", log, number)
+            if live is None:
+                continue
             label = f"fold {number + 1}/{folds}"
             with eval_tenant(live, tools, console, label) as tenant:
                 learn_from(live, tenant, train, console, label, ordered=True)
-                for m in methods:
-                    answered = run_plans(stub, tenant, m, test, metrics[m], console, label)
-                    accepted[m].update(answered)
-    common = {"folds": folds, "min_steps": min_steps, "sequence_from": source}
-    results = [{"method": m, **common, **_figures(metrics[m], accepted[m])} for m in methods]
-    seconds = round(time.perf_counter() - started, 1)
-    if len(results) == 1:
-        return {**results[0], "seconds": seconds}
-    return {**common, "methods": results, "seconds": seconds}
-
-
-def _figures(metrics: PlanMetrics, accepted: Counter[str]) -> dict[str, Any]:
-    result = metrics.result()
+                stub = client.planner_stub(live)
+                for m in served:
+                    ask = planner_asker(stub, tenant, m)
+                    run_plans(ask, test, runs[m], console, m, log, number)
+    results = {m: runs[m].result() for m in methods}
+    compare_to_baselines(results, PLAN_BASELINES, PLAN_METRICS)
     return {
-        **result,
-        "next_accepted": _share(accepted["next"], int(result["predictions"])),
-        "dag_accepted": _share(accepted["dag"], int(result["queries"])),
+        "data": data.name,
+        "split": split,
+        "seed": seed,
+        "folds": folds,
+        "min_steps": min_steps,
+        "sequence_from": source,
+        "queries": len(queries),
+        "truncated": truncated,
+        "test_gold_seen": seen,
+        "methods": results,
+        "seconds": round(time.perf_counter() - started, 1),
     }
+
+
+@contextmanager
+def _planner_system(
+    settings: Settings, console: Console, served: Sequence[str]
+) -> Iterator[Settings | None]:
+    """The running system the planner methods need; None (nothing started) without any."""
+    if not served:
+        yield None
+        return
+    with running_system(settings, console, PLAN_SERVICES) as live:
+        yield live
+
+
+@dataclass
+class PlanRun:
+    """One method's plan figures (overall and per group), acceptances and failures."""
+
+    tool_ids: set[str]
+    metrics: Grouped[PlanMetrics] = field(init=False)
+    failures: Failures = field(default_factory=Failures)
+    next_accepted: int = 0
+    dag_accepted: int = 0
+
+    def __post_init__(self) -> None:
+        self.metrics = Grouped(lambda: PlanMetrics(tool_ids=self.tool_ids))
+
+    def add(self, query: ToolQuery, plan: Plan | None, error: str | None) -> dict[str, float]:
+        """Add one query's answers (None: the call failed, scored as empty); its figures."""
+        if error is not None:
+            self.failures.add(query.id, error)
+        steps = steps_of(query)
+        plan = plan or _empty_plan(steps)
+        hits: list[dict[str, float]] = []
+        dag: dict[str, float] = {}
+        for metrics in self.metrics.of(query.id):
+            hits = [metrics.add_next(n.candidates, n.expected, n.context_size) for n in plan.nexts]
+            dag = metrics.add_dag(plan.nodes, plan.edges, plan.order, steps)
+        self.next_accepted += sum(1 for n in plan.nexts if n.accepted)
+        self.dag_accepted += int(plan.accepted)
+        means = {k: sum(h[k] for h in hits) / len(hits) for k in hits[0]} if hits else {}
+        return {**means, **dag}
+
+    def result(self) -> dict[str, Any]:
+        figures = self.metrics.result()
+        return {
+            **figures,
+            "next_accepted": _share(self.next_accepted, int(figures["predictions"])),
+            "dag_accepted": _share(self.dag_accepted, int(figures["queries"])),
+            **self.failures.result(),
+        }
+
+
+def _empty_plan(steps: Sequence[str]) -> Plan:
+    nexts = [NextAnswer(len(ctx), want, [], False) for ctx, want in next_step_cases(steps)]
+    return Plan(nexts, [], [], [], False)
 
 
 def _share(count: int, total: int) -> float:
@@ -145,18 +258,54 @@ def _share(count: int, total: int) -> float:
 
 
 def run_plans(
-    stub: PlannerStub,
-    tenant: str,
-    method: str,
+    ask: Asker,
     queries: Sequence[ToolQuery],
-    metrics: PlanMetrics,
+    run: PlanRun,
     console: Console,
-    label: str,
-) -> dict[str, int]:
-    """Ask for every next step and one DAG per query; add them to `metrics`.
+    method: str,
+    log: PerQueryLog,
+    fold: int | None = None,
+) -> PlanRun:
+    """Ask for every next step and one DAG per query (4 in flight) into `run`; a failed call
+    is reported, not raised."""
 
-    Returns how many next-step and DAG answers the planner marked accepted.
-    """
+    def attempt(query: ToolQuery) -> tuple[Plan | None, str | None]:
+        try:
+            return ask(query), None
+        except grpc.RpcError as exc:
+            return None, describe(exc)
+
+    label = method if fold is None else f"fold {fold + 1}: {method} plans"
+    with (
+        Progress(console=console, transient=True) as progress,
+        ThreadPoolExecutor(IN_FLIGHT) as pool,
+    ):
+        task = progress.add_task(label, total=len(queries))
+        for query, (plan, error) in zip(queries, pool.map(attempt, queries), strict=True):
+            values = run.add(query, plan, error)
+            log.write(method, query, fold, **_logged(query, plan, values, error))
+            progress.advance(task)
+    return run
+
+
+def _logged(
+    query: ToolQuery, plan: Plan | None, values: dict[str, float], error: str | None
+) -> dict[str, Any]:
+    nexts = plan.nexts if plan else []
+    return {
+        "relevant": steps_of(query),
+        "ranked": plan.order[:10] if plan else [],
+        "next": [
+            {"context": n.context_size, "expected": n.expected, "top": n.candidates[:3]}
+            for n in nexts
+        ],
+        "metrics": values,
+        "error": error,
+    }
+
+
+def planner_asker(stub: PlannerStub, tenant: str, method: str) -> Asker:
+    """Answers of the planner service with `method`: PredictNext per prefix, one SuggestDag."""
 
     def next_step(intent: str, context: list[str]) -> planner_pb2.PredictNextResponse:
         request = planner_pb2.PredictNextRequest(
@@ -164,32 +313,31 @@ def run_plans(
         )
         return _retrying(partial(stub.PredictNext, request, timeout=RPC_TIMEOUT_S))
 
-    def ask(query: ToolQuery) -> tuple[list[str], list[_Next], planner_pb2.SuggestDagResponse]:
-        """The query's steps, (expected, reply) per next-step case, and its DAG."""
-        steps = steps_of(query)
-        nexts = [
-            (len(ctx), want, next_step(query.query, ctx)) for ctx, want in next_step_cases(steps)
-        ]
+    def ask(query: ToolQuery) -> Plan:
+        nexts = []
+        for context, want in next_step_cases(steps_of(query)):
+            reply = next_step(query.query, context)
+            nexts.append(NextAnswer(len(context), want, candidates_of(reply), reply.accepted))
         request = planner_pb2.SuggestDagRequest(tenant_id=tenant, intent=query.query, method=method)
         dag = _retrying(partial(stub.SuggestDag, request, timeout=RPC_TIMEOUT_S))
-        return steps, nexts, dag
+        edges = [(e.source, e.target) for e in dag.edges]
+        return Plan(nexts, list(dag.nodes), edges, list(dag.order), dag.accepted)
 
-    accepted = {"next": 0, "dag": 0}
-    with (
-        Progress(console=console, transient=True) as progress,
-        ThreadPoolExecutor(IN_FLIGHT) as pool,
-    ):
-        task = progress.add_task(f"{label}: {method} plans", total=len(queries))
-        for steps, nexts, dag in pool.map(ask, queries):
-            for context_size, expected, reply in nexts:
-                metrics.add_next(candidates_of(reply), expected, context_size)
-                accepted["next"] += int(reply.accepted)
-            metrics.add_dag(
-                dag.nodes, [(e.source, e.target) for e in dag.edges], list(dag.order), steps
-            )
-            accepted["dag"] += int(dag.accepted)
-            progress.advance(task)
-    return accepted
+    return ask
+
+
+def knn_asker(knn: PlanKnn, vectors: dict[str, np.ndarray]) -> Asker:
+    """Answers of the `knn` baseline: the nearest training intent's sequence."""
+
+    def ask(query: ToolQuery) -> Plan:
+        sequence = knn.nearest(vectors[query.id])
+        nexts = [
+            NextAnswer(len(context), want, next_candidates(sequence, context), True)
+            for context, want in next_step_cases(steps_of(query))
+        ]
+        return Plan(nexts, list(sequence), sorted(chain_edges(sequence)), list(sequence), True)
+
+    return ask
 
 
 def _retrying(call: Callable[[], T]) -> T:

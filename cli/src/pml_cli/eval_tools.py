@@ -1,74 +1,77 @@
-"""`pml eval tools`: tool-retrieval metrics of one method, through the running system.
+"""`pml eval tools`: tool-retrieval metrics of one or several methods, through the running system.
 
 The catalog is registered under a tenant of its own, every query goes through the public gRPC
 API, and the tenant is deleted at the end, so the evaluation leaves no data behind. When no
 search service answers, a private stack is started on free ports and stopped afterwards.
+
+Single-pass methods (nothing learned from the data set):
+- `cosine`: `Search` over tools with the dense retriever, re-sorted by the semantic score (the
+  cosine of the embeddings): the name `dense` has today, kept for earlier figures;
+- `unified`: `Search` as served (`min(semantic × reliability, 0.95)`);
+- `hybrid`: `SearchTools` (semantic and graph, no context here);
+- `dense`, `lexical`, `hybrid-fused`: `Search` over tools with that first-stage `retriever`
+  (`hybrid-fused` asks for "hybrid", BM25 and dense fused), re-sorted by the semantic score,
+  which is that retriever's relevance: the first stage alone.
+
+With `--folds` the methods learn from training folds (`eval_folds`). Every query is fitted to
+the service's query limit, failures are reported and scored as misses, and figures are also
+given per level prefix of the query ids (`eval_runs`).
 """
 
 from __future__ import annotations
 
-import json
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
-from pydantic import BaseModel, Field, ValidationError
 from rich.console import Console
 from rich.progress import Progress
 
 from pml.v1 import search_pb2
 from pml_cli import client
-from pml_cli.catalog_files import CatalogFileError, load_catalog
+from pml_cli.eval_data import EvalError as EvalError
+from pml_cli.eval_data import ToolQuery as ToolQuery
+from pml_cli.eval_data import load_queries as load_queries
+from pml_cli.eval_data import load_tool_catalog as load_tool_catalog
+from pml_cli.eval_runs import (
+    Failures,
+    Grouped,
+    PerQueryLog,
+    check_unique_ids,
+    describe,
+    fit_queries,
+    methods_of,
+    per_query_log,
+)
 from pml_cli.local_stack import running_system
 from pml_cli.metrics import ToolMetrics
 from pml_common.events import ToolSpec
 from pml_common.settings import Settings
 
-METHODS = ("cosine", "unified", "hybrid")
+#: Methods that learn nothing from the data set: one pass over every query.
+METHODS = ("cosine", "unified", "hybrid", "dense", "lexical", "hybrid-fused")
+#: The first-stage retriever each `Search`-based method asks for ("" = the service default).
+RETRIEVERS = {
+    "cosine": "dense",
+    "unified": "",
+    "dense": "dense",
+    "lexical": "lexical",
+    "hybrid-fused": "hybrid",
+}
+#: Methods whose ranking is the semantic score alone, re-sorted by the client.
+BY_SEMANTIC = ("cosine", "dense", "lexical", "hybrid-fused")
 TOP_K = 10
-#: cosine re-sorts by semantic score, so it asks for more than it keeps.
+#: Methods ranked by the semantic score ask for more than they keep (the unified cap ties).
 COSINE_POOL = 20
+IN_FLIGHT = 4
 
-
-class EvalError(ValueError):
-    """The evaluation cannot run; the message says why."""
-
-
-class ToolQuery(BaseModel):
-    id: str
-    query: str = Field(min_length=1)
-    relevant: list[str] = Field(min_length=1)
-    sequence: list[str] | None = None
-
-
-def load_queries(path: Path, limit: int | None = None) -> list[ToolQuery]:
-    queries = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise EvalError(f"{path}: cannot read: {exc.strerror}") from exc
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            queries.append(ToolQuery.model_validate(json.loads(line)))
-        except (json.JSONDecodeError, ValidationError) as exc:
-            raise EvalError(f"{path}:{number}: not a query of the exchange format: {exc}") from exc
-        if limit is not None and len(queries) >= limit:
-            break
-    return queries
-
-
-def load_tool_catalog(data: Path) -> list[ToolSpec]:
-    """The set's `catalog.jsonl`, or an `EvalError` saying what is wrong with it."""
-    try:
-        return load_catalog(data / "catalog.jsonl")
-    except CatalogFileError as exc:
-        raise EvalError(str(exc)) from exc
+Rank = Callable[[ToolQuery], list[str]]
 
 
 @contextmanager
@@ -88,73 +91,138 @@ def eval_tenant(
         )
 
 
-def evaluate_tools(
-    settings: Settings, data: Path, method: str, max_queries: int | None, console: Console
-) -> dict[str, Any]:
-    if method not in METHODS:
-        raise EvalError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    tools = load_tool_catalog(data)
-    queries = load_queries(data / "queries.jsonl", max_queries)
+@dataclass
+class ToolRun:
+    """One method's figures over the queries it ranked, per group, and its failures."""
+
+    metrics: Grouped[ToolMetrics] = field(default_factory=lambda: Grouped(ToolMetrics))
+    failures: Failures = field(default_factory=Failures)
+
+    def add(self, query: ToolQuery, ranked: list[str], error: str | None) -> dict[str, float]:
+        if error is not None:
+            self.failures.add(query.id, error)
+        values: dict[str, float] = {}
+        for metrics in self.metrics.of(query.id):
+            values = metrics.add(ranked, query.relevant)
+        return values
+
+    def result(self) -> dict[str, Any]:
+        return {**self.metrics.result(), **self.failures.result()}
+
+
+def load_eval_queries(
+    settings: Settings, data: Path, max_queries: int | None, min_relevant: int = 1
+) -> tuple[list[ToolQuery], int]:
+    """The set's queries with `min_relevant`+ relevant tools, fitted; and how many were cut."""
+    queries = [q for q in load_queries(data / "queries.jsonl") if len(q.relevant) >= min_relevant]
+    queries = queries[:max_queries] if max_queries is not None else queries
     if not queries:
-        raise EvalError(f"{data / 'queries.jsonl'}: no queries")
-    with running_system(settings, console) as live, eval_tenant(live, tools, console) as tenant:
-        rank = ranker(live, tenant, method)
-        metrics = rank_queries(rank, queries, ToolMetrics(), console, f"{method}: queries")
-    return {"method": method, **metrics.result()}
+        raise EvalError(f"{data / 'queries.jsonl'}: no query with {min_relevant}+ relevant tools")
+    check_unique_ids(queries)
+    return fit_queries(queries, settings.max_query_chars)
+
+
+def evaluate_tools(
+    settings: Settings,
+    data: Path,
+    method: str,
+    max_queries: int | None,
+    console: Console,
+    per_query: Path | None = None,
+) -> dict[str, Any]:
+    methods = methods_of(method, METHODS, "without --folds")
+    tools = load_tool_catalog(data)
+    queries, truncated = load_eval_queries(settings, data, max_queries)
+    runs = {m: ToolRun() for m in methods}
+    started = time.perf_counter()
+    with (
+        per_query_log(per_query) as log,
+        running_system(settings, console, ("search",)) as live,
+        eval_tenant(live, tools, console) as tenant,
+    ):
+        for m in methods:
+            rank_queries(ranker(live, tenant, m), queries, runs[m], console, m, log)
+    return {
+        "data": data.name,
+        "split": None,
+        "queries": len(queries),
+        "truncated": truncated,
+        "methods": {m: runs[m].result() for m in methods},
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 def rank_queries(
-    rank: Callable[[str], list[str]],
+    rank: Rank,
     queries: Sequence[ToolQuery],
-    metrics: ToolMetrics,
+    run: ToolRun,
     console: Console,
-    label: str,
-) -> ToolMetrics:
-    """Rank every query (4 in flight) and add its result to `metrics`."""
-    with Progress(console=console, transient=True) as progress, ThreadPoolExecutor(4) as pool:
+    method: str,
+    log: PerQueryLog,
+    fold: int | None = None,
+) -> ToolRun:
+    """Rank every query (4 in flight) into `run`; a failed call is reported, not raised."""
+
+    def attempt(query: ToolQuery) -> tuple[list[str], str | None]:
+        try:
+            return rank(query)[:TOP_K], None
+        except grpc.RpcError as exc:
+            return [], describe(exc)
+
+    label = method if fold is None else f"fold {fold + 1}: {method}"
+    with (
+        Progress(console=console, transient=True) as progress,
+        ThreadPoolExecutor(IN_FLIGHT) as pool,
+    ):
         task = progress.add_task(label, total=len(queries))
-        for query, ranked in zip(queries, pool.map(lambda q: rank(q.query), queries), strict=True):
-            metrics.add(ranked, query.relevant)
+        for query, (ranked, error) in zip(queries, pool.map(attempt, queries), strict=True):
+            values = run.add(query, ranked, error)
+            log.write(
+                method,
+                query,
+                fold,
+                relevant=query.relevant,
+                ranked=ranked,
+                metrics=values,
+                error=error,
+            )
             progress.advance(task)
-    return metrics
+    return run
 
 
-def ranker(settings: Settings, tenant: str, method: str) -> Callable[[str], list[str]]:
+def ranker(settings: Settings, tenant: str, method: str) -> Rank:
+    """The `Rank` of a single-pass method over `tenant`, through the gRPC API."""
     stub = client.search_stub(settings)
     tool_kind = [search_pb2.NODE_KIND_TOOL]
 
-    def cosine(query: str) -> list[str]:
-        reply = stub.Search(
-            search_pb2.SearchRequest(
-                tenant_id=tenant, query=query, limit=COSINE_POOL, kinds=tool_kind
-            ),
-            timeout=60,
+    def search(query: ToolQuery) -> list[str]:
+        pool = COSINE_POOL if method in BY_SEMANTIC else TOP_K
+        request = search_pb2.SearchRequest(
+            tenant_id=tenant,
+            query=query.query,
+            limit=pool,
+            kinds=tool_kind,
+            retriever=RETRIEVERS[method],
         )
-        ordered = sorted(reply.results, key=lambda r: -r.semantic_score)
-        return [r.id for r in ordered[:TOP_K]]
+        results = list(stub.Search(request, timeout=60).results)
+        if method in BY_SEMANTIC:
+            results.sort(key=lambda r: -r.semantic_score)
+        return [r.id for r in results[:TOP_K]]
 
-    def unified(query: str) -> list[str]:
-        reply = stub.Search(
-            search_pb2.SearchRequest(tenant_id=tenant, query=query, limit=TOP_K, kinds=tool_kind),
-            timeout=60,
-        )
-        return [r.id for r in reply.results]
-
-    def hybrid(query: str) -> list[str]:
+    def hybrid(query: ToolQuery) -> list[str]:
         reply = stub.SearchTools(
-            search_pb2.SearchToolsRequest(tenant_id=tenant, query=query, limit=TOP_K),
+            search_pb2.SearchToolsRequest(tenant_id=tenant, query=query.query, limit=TOP_K),
             timeout=60,
         )
         return [t.tool_id for t in reply.tools]
 
-    rankers = {"cosine": cosine, "unified": unified, "hybrid": hybrid}
-    return _retrying(rankers[method])
+    return retrying(hybrid if method == "hybrid" else search)
 
 
-def _retrying(rank: Callable[[str], list[str]]) -> Callable[[str], list[str]]:
+def retrying(rank: Rank) -> Rank:
     """One retry on UNAVAILABLE, so a blip on a shared machine does not void a long run."""
 
-    def call(query: str) -> list[str]:
+    def call(query: ToolQuery) -> list[str]:
         try:
             return rank(query)
         except grpc.RpcError as exc:

@@ -269,7 +269,12 @@ def publish_execution(
 def eval_tools(
     data: Annotated[Path, typer.Option(help="Folder with catalog.jsonl and queries.jsonl.")],
     method: Annotated[
-        str, typer.Option(help="cosine | unified | hybrid; with --folds: shgat | cosine")
+        str,
+        typer.Option(
+            help="One or several, comma-separated: cosine | unified | hybrid | dense | lexical | "
+            "hybrid-fused; with --folds also shgat (learned), knn and popular (supervised "
+            "baselines from the training folds)."
+        ),
     ] = "unified",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     max_queries: Annotated[int | None, typer.Option(help="Evaluate the first N only.")] = None,
@@ -280,18 +285,41 @@ def eval_tools(
     min_relevant: Annotated[
         int, typer.Option(help="Keep queries with at least this many relevant tools.")
     ] = 1,
+    split: Annotated[
+        str,
+        typer.Option(
+            help="With --folds: query (default; paraphrases of a test task may be in training) "
+            "or workflow (queries grouped by gold tool set: no test set seen in training)."
+        ),
+    ] = "query",
+    seed: Annotated[int, typer.Option(help="With --folds: seed of the split.")] = 0,
+    per_query: Annotated[
+        Path | None, typer.Option(help="Write one JSON line per (method, query) to this file.")
+    ] = None,
 ) -> None:
-    """Tool retrieval metrics of one method on DATA, through the running system."""
+    """Tool retrieval metrics of one or several methods on DATA, through the running system."""
     from pml_cli.eval_folds import evaluate_folds
     from pml_cli.eval_tools import evaluate_tools
 
+    settings = Settings()
     with _reported():
         if folds is not None:
-            result = evaluate_folds(Settings(), data, method, folds, min_relevant, max_queries, err)
-        elif min_relevant != 1:
-            raise EvalError("--min-relevant needs --folds")
+            result = evaluate_folds(
+                settings,
+                data,
+                method,
+                folds,
+                min_relevant,
+                max_queries,
+                err,
+                split,
+                seed,
+                per_query,
+            )
+        elif min_relevant != 1 or split != "query":
+            raise EvalError("--min-relevant and --split need --folds")
         else:
-            result = evaluate_tools(Settings(), data, method, max_queries, err)
+            result = evaluate_tools(settings, data, method, max_queries, err, per_query)
     _emit(result, as_json)
 
 
@@ -379,17 +407,34 @@ def eval_plan(
     data: Annotated[Path, typer.Option(help="Folder with catalog.jsonl and queries.jsonl.")],
     folds: Annotated[int, typer.Option(help="K-fold: learn from K-1 folds, test on one.")] = 5,
     method: Annotated[
-        str, typer.Option(help="drdsp | legacy | discovery | search, or several: drdsp,legacy")
+        str,
+        typer.Option(
+            help="drdsp | legacy | discovery | search | knn (the nearest training intent's "
+            "sequence), or several: drdsp,legacy,knn"
+        ),
     ] = "drdsp",
     min_steps: Annotated[int, typer.Option(help="Keep queries with at least this many steps.")] = 2,
     max_queries: Annotated[int | None, typer.Option(help="Evaluate the first N only.")] = None,
+    split: Annotated[
+        str,
+        typer.Option(
+            help="query (default; paraphrases of a test task may be in training) or workflow "
+            "(queries grouped by gold tool set: no test set seen in training)."
+        ),
+    ] = "query",
+    seed: Annotated[int, typer.Option(help="Seed of the split.")] = 0,
+    per_query: Annotated[
+        Path | None, typer.Option(help="Write one JSON line per (method, query) to this file.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Next-step hits and DAG node/edge F1 against each query's `sequence`, K-fold."""
     from pml_cli.eval_plan import evaluate_plan
 
     with _reported():
-        result = evaluate_plan(Settings(), data, method, folds, min_steps, max_queries, err)
+        result = evaluate_plan(
+            Settings(), data, method, folds, min_steps, max_queries, err, split, seed, per_query
+        )
     _emit(result, as_json)
 
 

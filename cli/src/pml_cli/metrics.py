@@ -37,6 +37,22 @@ def all_in_top(ranked: Sequence[str], relevant: Sequence[str], k: int) -> float:
     return 1.0 if set(relevant) <= set(ranked[:k]) else 0.0
 
 
+#: The per-query tool-retrieval figures, in the order results list them.
+TOOL_METRICS = ("recall@1", "recall@5", "recall@10", "ndcg@5", "mrr", "hit@1")
+
+
+def tool_query_metrics(ranked: Sequence[str], relevant: Sequence[str]) -> dict[str, float]:
+    """The figures of `TOOL_METRICS` for one query."""
+    return {
+        "recall@1": recall_at(ranked, relevant, 1),
+        "recall@5": recall_at(ranked, relevant, 5),
+        "recall@10": recall_at(ranked, relevant, 10),
+        "ndcg@5": ndcg_at(ranked, relevant, 5),
+        "mrr": reciprocal_rank(ranked, relevant),
+        "hit@1": 1.0 if ranked[:1] and ranked[0] in set(relevant) else 0.0,
+    }
+
+
 @dataclass
 class ToolMetrics:
     """Running means of the tool-retrieval metrics over queries."""
@@ -44,23 +60,18 @@ class ToolMetrics:
     sums: dict[str, float] = field(default_factory=dict)
     queries: int = 0
 
-    def add(self, ranked: Sequence[str], relevant: Sequence[str]) -> None:
-        values = {
-            "recall@1": recall_at(ranked, relevant, 1),
-            "recall@5": recall_at(ranked, relevant, 5),
-            "recall@10": recall_at(ranked, relevant, 10),
-            "ndcg@5": ndcg_at(ranked, relevant, 5),
-            "mrr": reciprocal_rank(ranked, relevant),
-            "hit@1": 1.0 if ranked[:1] and ranked[0] in set(relevant) else 0.0,
-        }
+    def add(self, ranked: Sequence[str], relevant: Sequence[str]) -> dict[str, float]:
+        """Add one query; its own figures."""
+        values = tool_query_metrics(ranked, relevant)
         for name, value in values.items():
             self.sums[name] = self.sums.get(name, 0.0) + value
         self.queries += 1
+        return values
 
     def result(self) -> dict[str, float | int]:
         out: dict[str, float | int] = {
-            name: round(total / self.queries, 4) if self.queries else 0.0
-            for name, total in self.sums.items()
+            name: round(self.sums.get(name, 0.0) / self.queries, 4) if self.queries else 0.0
+            for name in TOOL_METRICS
         }
         out["queries"] = self.queries
         return out

@@ -35,6 +35,15 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 HIT_KS = (1, 3)
+#: The figures a method is compared on (counts left out).
+PLAN_METRICS = (
+    "next_hit@1",
+    "next_hit@3",
+    "next_hit@1_first",
+    "next_hit@1_later",
+    "node_f1",
+    "edge_f1",
+)
 
 
 def next_step_cases(sequence: Sequence[str]) -> list[tuple[list[str], str]]:
@@ -108,13 +117,18 @@ class PlanMetrics:
     edge_sum: float = 0.0
     queries: int = 0
 
-    def add_next(self, candidates: Sequence[str], expected: str, context_size: int) -> None:
+    def add_next(
+        self, candidates: Sequence[str], expected: str, context_size: int
+    ) -> dict[str, float]:
+        """Add one next-step prediction; its `next_hit@k` values."""
+        values = {f"next_hit@{k}": hit_at(candidates, expected, k) for k in self.hits}
         for k in self.hits:
-            self.hits[k] += hit_at(candidates, expected, k)
+            self.hits[k] += values[f"next_hit@{k}"]
         self.predictions += 1
         if context_size == 0:
-            self.first_hits += hit_at(candidates, expected, 1)
+            self.first_hits += values["next_hit@1"]
             self.first_predictions += 1
+        return values
 
     def add_dag(
         self,
@@ -122,10 +136,16 @@ class PlanMetrics:
         edges: Iterable[tuple[str, str]],
         order: Sequence[str],
         sequence: Sequence[str],
-    ) -> None:
-        self.node_sum += node_f1(nodes, sequence, self.tool_ids)
-        self.edge_sum += edge_f1(edges, order, sequence, self.tool_ids)
+    ) -> dict[str, float]:
+        """Add one suggested DAG; its `node_f1` and `edge_f1`."""
+        values = {
+            "node_f1": node_f1(nodes, sequence, self.tool_ids),
+            "edge_f1": edge_f1(edges, order, sequence, self.tool_ids),
+        }
+        self.node_sum += values["node_f1"]
+        self.edge_sum += values["edge_f1"]
         self.queries += 1
+        return values
 
     def result(self) -> dict[str, float | int]:
         def mean(total: float, count: int) -> float:
