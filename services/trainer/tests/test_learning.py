@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
@@ -17,8 +18,9 @@ from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
 from pml_common.stores import redis_client
 from pml_common.tool_graph import read_tool_graph
+from pml_shgat.gating import WEIGHT_GRID
 from pml_shgat.hierarchy import Hierarchy
-from pml_shgat.params import from_bytes, init_params, make_config
+from pml_shgat.params import from_bytes, init_params, make_config, to_bytes
 from pml_shgat.serving import ServingModel
 from pml_trainer.graph_store import GraphStore
 from pml_trainer.holdout import HoldOut
@@ -220,3 +222,105 @@ async def test_the_loop_trains_pending_tenants_while_holding_the_lock(
         await asyncio.wait_for(task, 10)
     # stopping released the lock
     assert await rig.redis.get(rig.lock.name) is None
+
+
+# --- the gate: a version is served only if it ranks held-back executions better -------------
+
+#: Held-back executions whose words point elsewhere than the tools they used, so that the first
+#: stage ranks them poorly and only a model that learned these users can do better.
+SHIFTED = {"backup": "research", "research": "invite", "invite": "backup"}
+
+
+async def _gate_situation(
+    rig: Rig, driver, settings: Settings, tenant: str
+) -> tuple[Hierarchy, bytes, bytes]:
+    """Held-back executions, the hierarchy, and two candidates: one that maps every held-back
+    intent onto the tools it used (knows these users), one that ranks tools upside down."""
+    spec = {c.id: c for c in CAPABILITIES}
+    for cap, intents in INTENTS.items():
+        for j, intent in enumerate(intents):
+            used = spec[SHIFTED[cap]].tools
+            trace = Trace(trace_id=f"held-{cap}-{j}", intent=intent, path=used, outcome=1.0)
+            await rig.holdout.hold(tenant, trace)
+    graph = await read_tool_graph(driver, settings.neo4j_database, tenant, rig.embedder)
+    h = Hierarchy.build(graph.tool_vectors, graph.capabilities, dim=rig.embedder.dim)
+    config = make_config(h.dim, 64, h.num_nodes)
+    initial = init_params(config, h.features, h.num_levels)
+    texts = [i for intents in INTENTS.values() for i in intents]
+    queries = np.asarray(await rig.embedder.embed_queries(texts), dtype=np.float64)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    targets = np.asarray(
+        [
+            h.features[[h.node_index(t) for t in spec[SHIFTED[cap]].tools]].mean(axis=0)
+            for cap, intents in INTENTS.items()
+            for _ in intents
+        ]
+    )
+    # W_intent · q_i = (mean of the tools execution i used), exactly, for every held-back intent.
+    knows = {**initial, "W_intent": targets.T @ np.linalg.pinv(queries.T)}
+    upside_down = {**initial, "W_intent": -np.eye(h.dim)}
+    return h, to_bytes(config, knows), to_bytes(config, upside_down)
+
+
+async def test_a_version_worse_than_the_serving_one_is_kept_as_rejected(
+    rig: Rig, tenant: str, driver, settings: Settings
+) -> None:
+    h, good, bad = await _gate_situation(rig, driver, settings, tenant)
+    lease = await rig.lock.try_acquire()
+    assert lease is not None
+    async with rig.lock.hold(lease):
+        serving = await rig.registry.publish(tenant, good, lease.token, {"correction_weight": 8.0})
+        published = await rig.registry.current(tenant)
+        config, params = from_bytes(bad)
+        record = await rig.loop.admit(tenant, lease, h, published, config, params, {})
+    assert record.metrics["accepted"] == 0.0
+    # still served: the version that ranks held-back executions better
+    current = await rig.registry.current_record(tenant)
+    assert current is not None and current.version == serving.version
+    assert rig.published.events == []
+    # kept as the last rejected candidate, with the figures it was judged on
+    rejected = await rig.registry.last_rejected(tenant)
+    assert rejected is not None and rejected[0].version == record.version != serving.version
+    assert rejected[1] == bad
+    m = rejected[0].metrics
+    assert m["holdout_size"] == 6.0
+    assert m["holdout_candidate_recall_at_5"] < m["holdout_serving_recall_at_5"]
+    assert m["holdout_serving_recall_at_5"] > m["holdout_first_stage_recall_at_5"]
+    assert m["correction_weight"] in WEIGHT_GRID
+
+
+async def test_a_version_better_than_the_serving_one_and_the_first_stage_is_published(
+    rig: Rig, tenant: str, driver, settings: Settings
+) -> None:
+    h, good, bad = await _gate_situation(rig, driver, settings, tenant)
+    lease = await rig.lock.try_acquire()
+    assert lease is not None
+    async with rig.lock.hold(lease):
+        await rig.registry.publish(tenant, bad, lease.token, {"correction_weight": 1.0})
+        published = await rig.registry.current(tenant)
+        config, params = from_bytes(good)
+        record = await rig.loop.admit(tenant, lease, h, published, config, params, {})
+    assert record.metrics["accepted"] == 1.0
+    current = await rig.registry.current(tenant)
+    assert current is not None and current[0].version == record.version and current[1] == good
+    [announcement] = rig.published.events
+    assert announcement.model_version == record.version  # type: ignore[attr-defined]
+    m = record.metrics
+    assert m["correction_weight"] > 0.0
+    assert m["holdout_candidate_recall_at_5"] > m["holdout_serving_recall_at_5"]
+    assert m["holdout_candidate_recall_at_5"] > m["holdout_first_stage_recall_at_5"]
+    assert await rig.registry.last_rejected(tenant) is None
+
+
+async def test_no_version_is_published_without_enough_held_back_executions(
+    rig: Rig, tenant: str, driver, settings: Settings
+) -> None:
+    h, good, _ = await _gate_situation(rig, driver, settings, tenant)
+    await rig.redis.delete(f"pml:holdout:{tenant}:order", f"pml:holdout:{tenant}:traces")
+    lease = await rig.lock.try_acquire()
+    assert lease is not None
+    async with rig.lock.hold(lease):
+        config, params = from_bytes(good)
+        record = await rig.loop.admit(tenant, lease, h, None, config, params, {})
+    assert record.metrics["accepted"] == 0.0 and record.metrics["holdout_size"] == 0.0
+    assert await rig.registry.current(tenant) is None
