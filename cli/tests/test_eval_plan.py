@@ -1,4 +1,5 @@
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,28 @@ def test_evaluate_plan_rejects_bad_input_before_starting_anything(tmp_path: Path
         evaluate_plan(settings, tmp_path, "drdsp", 5, 6, None, QUIET)
     with pytest.raises(EvalError, match="--folds"):
         evaluate_plan(settings, tmp_path, "drdsp", 1, 2, None, QUIET)
+
+
+def test_plan_knn_needs_no_service_and_the_split_shows_memory(tmp_path: Path) -> None:
+    """`knn` alone on the synthetic workflows (26 workflows, several phrasings each): under the
+    query split the nearest past intent often ran the same workflow; under the workflow split
+    it never did, and the figures say so."""
+    write_synthetic_workflows(tmp_path)
+    nowhere = Settings(planner_addr="127.0.0.1:9", search_addr="127.0.0.1:9")
+    results = {}
+    for split in ("query", "workflow"):
+        log = tmp_path / f"{split}.jsonl"
+        results[split] = evaluate_plan(nowhere, tmp_path, "knn", 5, 2, None, QUIET, split, 0, log)
+        lines = [json.loads(line) for line in log.read_text().splitlines()]
+        assert len(lines) == results[split]["queries"]
+        first = lines[0]
+        assert first["method"] == "knn" and first["error"] is None
+        assert len(first["next"]) == len(first["relevant"])  # one prediction per step
+        assert set(first["metrics"]) == {"next_hit@1", "next_hit@3", "node_f1", "edge_f1"}
+    memory, unseen = results["query"], results["workflow"]
+    assert unseen["test_gold_seen"] == 0 and memory["test_gold_seen"] > 0
+    assert unseen["split"] == "workflow" and unseen["models"] == []
+    knn_memory, knn_unseen = memory["methods"]["knn"], unseen["methods"]["knn"]
+    assert knn_memory["node_f1"] > knn_unseen["node_f1"]
+    assert knn_memory["failed"] == 0 and knn_memory["dag_accepted"] == 1.0
+    assert "vs_best_baseline" not in knn_memory  # a baseline is not compared with itself

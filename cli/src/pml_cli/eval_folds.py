@@ -10,9 +10,11 @@ sees the same split). For each fold:
   live system does: every training query becomes an `ExecutionCompleted` event (intent =
   query, steps = `sequence` when present else `relevant`, outcome = success) published on the
   stream, which the real trainer consumes, buffers and trains on under its lock; the scorer
-  then serves the published model. The *test* fold's queries are ranked through the public
-  gRPC API. Single-pass methods (`cosine`, `dense`, ...) learn nothing and rank as without
-  folds.
+  then serves the published model. The trainer's gate may reject a model (it holds back some
+  executions to judge it): the evaluation measures what is served then, and `models` lists per
+  fold the version served and whether the last model was admitted. The *test* fold's queries
+  are ranked through the public gRPC API. Single-pass methods (`cosine`, `dense`, ...) learn
+  nothing and rank as without folds.
 
 Capabilities: a data set in the exchange format has none, so each distinct set of tools used
 together by a training query (two tools or more) becomes one capability, named after its tools
@@ -29,12 +31,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import redis.asyncio as aioredis
 from rich.console import Console
 
 from pml.v1 import common_pb2, scorer_pb2, search_pb2
@@ -70,6 +74,7 @@ from pml_cli.eval_tools import (
 from pml_cli.local_stack import running_system
 from pml_cli.metrics import TOOL_METRICS
 from pml_common.events import ExecutionCompleted, ExecutionStep
+from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
 
 LEARNED = ("shgat",)
@@ -100,11 +105,12 @@ def evaluate_folds(
     tools = load_tool_catalog(data)
     queries, truncated = load_eval_queries(settings, data, max_queries, min_relevant)
     parts = train_test_folds(queries, folds, split, seed)
+    started = time.perf_counter()
     vectors = intent_vectors(settings, queries, console) if "knn" in methods else {}
     served = [m for m in methods if m not in BASELINES]
     runs = {m: ToolRun() for m in methods}
     seen = 0
-    started = time.perf_counter()
+    models: list[dict[str, Any]] = []
     with per_query_log(per_query) as log, _system(settings, console, served) as live:
         for number, (train, test) in enumerate(parts):
             seen += gold_seen(train, test)
@@ -112,8 +118,11 @@ def evaluate_folds(
                 rank = baseline_ranker(m, train, vectors)
                 rank_queries(rank, test, runs[m], console, m, log, number)
             if live is not None:
-                _served_fold(live, tools, served, train, test, runs, console, log, number)
+                model = _served_fold(live, tools, served, train, test, runs, console, log, number)
+                models += [{"fold": number, **asdict(model)}] if model else []
     results = {m: runs[m].result() for m in methods}
+    if models:
+        results["shgat"]["models"] = models
     compare_to_baselines(results, BASELINES, TOOL_METRICS)
     return {
         "data": data.name,
@@ -152,15 +161,18 @@ def _served_fold(
     console: Console,
     log: PerQueryLog,
     number: int,
-) -> None:
-    """One fold of the methods the system serves, on a tenant of the fold's own."""
+) -> ServedModel | None:
+    """One fold of the methods the system serves, on a tenant of the fold's own; the model
+    the fold learned, when a learned method asked for one."""
     label = f"fold {number + 1}"
+    model = None
     with eval_tenant(live, tools, console, label) as tenant:
         if set(served) & set(LEARNED):
-            learn_from(live, tenant, train, console, label)
+            model = learn_from(live, tenant, train, console, label)
         for m in served:
             rank = _shgat_ranker(live, tenant) if m == "shgat" else ranker(live, tenant, m)
             rank_queries(rank, test, runs[m], console, m, log, number)
+    return model
 
 
 def intent_vectors(
@@ -190,13 +202,14 @@ def learn_from(
     console: Console,
     label: str,
     ordered: bool = False,
-) -> str:
-    """Teach `tenant` the training queries as a live system learns; the served model version.
+) -> ServedModel:
+    """Teach `tenant` the training queries as a live system learns; the model then served.
 
     Registers the co-used capabilities, publishes one ExecutionCompleted per query, and waits
-    until the scorer serves a model trained on all of them. `ordered`: capabilities list their
-    tools in the order the queries ran them and each step `depends_on` the one before (plans);
-    otherwise capability tools are sorted and steps carry no dependencies (retrieval).
+    until the trainer has judged a model trained on all of them (`wait_for_model`). `ordered`:
+    capabilities list their tools in the order the queries ran them and each step `depends_on`
+    the one before (plans); otherwise capability tools are sorted and steps carry no
+    dependencies (retrieval).
     """
     capabilities = co_used_capabilities(train)
     orders = capability_orders(train) if ordered else None
@@ -205,9 +218,10 @@ def learn_from(
     with console.status(f"{label}: publishing {len(events)} executions…"):
         asyncio.run(client.publish_events(settings, events))
     with console.status(f"{label}: waiting for the trainer's model…"):
-        version = wait_for_model(settings, tenant, len(events))
-    console.log(f"{label}: serving model {version}")
-    return version
+        served = wait_for_model(settings, tenant, len(events))
+    verdict = "admitted" if served.admitted else "rejected by the trainer's gate"
+    console.log(f"{label}: serving model {served.version or '(first stage)'}; last one {verdict}")
+    return served
 
 
 def capability_orders(queries: Sequence[ToolQuery]) -> dict[tuple[str, ...], tuple[str, ...]]:
@@ -276,16 +290,46 @@ def register_capabilities(
         )
 
 
-def wait_for_model(settings: Settings, tenant: str, executions: int) -> str:
-    """Poll the scorer until it serves a model trained after all `executions` arrived."""
+@dataclass(frozen=True)
+class ServedModel:
+    """What the scorer serves once the trainer has judged a model trained on every execution:
+    `admitted` False when the trainer's gate rejected that model (the version served is then
+    an earlier one, or the untrained first stage)."""
+
+    version: str
+    admitted: bool
+
+
+def wait_for_model(settings: Settings, tenant: str, executions: int) -> ServedModel:
+    """Poll until the trainer has judged a model that accounts for all `executions`: served
+    (the scorer's model does) or rejected by its gate (the registry's last rejected candidate
+    does, read-only), whichever comes first."""
     stub = client.scorer_stub(settings)
     deadline = time.monotonic() + TRAINING_TIMEOUT_S
     while time.monotonic() < deadline:
         info = stub.ModelInfo(scorer_pb2.ModelInfoRequest(tenant_id=tenant), timeout=30)
-        if info.metrics.get("traces_seen", 0) >= executions:
-            return str(info.version)
+        if covered(info.metrics) >= executions:
+            return ServedModel(str(info.version), True)
+        if covered(asyncio.run(_rejected_metrics(settings, tenant))) >= executions:
+            return ServedModel(str(info.version), False)
         time.sleep(1.0)
     raise EvalError(f"no model trained on all {executions} executions within {TRAINING_TIMEOUT_S}s")
+
+
+def covered(metrics: Mapping[str, float]) -> float:
+    """Executions a trained model accounts for: those it could learn from (`traces_seen`) and
+    those the trainer held back to judge it (`holdout_size`), which it never learns from."""
+    return metrics.get("traces_seen", 0.0) + metrics.get("holdout_size", 0.0)
+
+
+async def _rejected_metrics(settings: Settings, tenant: str) -> dict[str, float]:
+    """The figures of the trainer's last rejected candidate ({} without one)."""
+    redis = aioredis.from_url(settings.redis_url)
+    try:
+        rejected = await ModelRegistry(redis).last_rejected(tenant)
+    finally:
+        await redis.aclose()
+    return dict(rejected[0].metrics) if rejected else {}
 
 
 def _shgat_ranker(settings: Settings, tenant: str) -> Rank:

@@ -10,7 +10,8 @@ Each fold learns as `pml eval tools --folds` does (see `eval_folds`): a tenant o
 the catalog, every set of tools used together by a training query becomes a capability whose
 `tools` are listed in the order the queries ran them, every training query is published as an
 `ExecutionCompleted` whose steps run in sequence order with each step `depends_on` the one
-before, and the evaluation waits until the scorer serves a model trained on all of them. Then
+before, and the evaluation waits until the trainer has judged a model trained on all of them
+(`models` lists, per fold, the version served and whether the trainer's gate admitted it). Then
 every test query of n steps is asked n times for the next step (PredictNext with the first
 i = 0..n-1 steps as context) and once for a whole workflow (SuggestDag), with the chosen method;
 the metrics are those of `plan_metrics`. The tenant is deleted afterwards.
@@ -32,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -158,12 +159,13 @@ def evaluate_plan(
     if source != "sequence":
         console.log(f"queries without `sequence`: using `relevant` in file order ({source})")
     parts = train_test_folds(queries, folds, split, seed)
+    started = time.perf_counter()
     vectors = intent_vectors(settings, queries, console) if "knn" in methods else {}
     tool_ids = {t.id for t in tools}
     runs = {m: PlanRun(tool_ids) for m in methods}
     served = [m for m in methods if m not in PLAN_BASELINES]
     seen = 0
-    started = time.perf_counter()
+    models: list[dict[str, Any]] = []
     with per_query_log(per_query) as log, _planner_system(settings, console, served) as live:
         for number, (train, test) in enumerate(parts):
             seen += gold_seen(train, test)
@@ -175,7 +177,8 @@ def evaluate_plan(
                 continue
             label = f"fold {number + 1}/{folds}"
             with eval_tenant(live, tools, console, label) as tenant:
-                learn_from(live, tenant, train, console, label, ordered=True)
+                model = learn_from(live, tenant, train, console, label, ordered=True)
+                models.append({"fold": number, **asdict(model)})
                 stub = client.planner_stub(live)
                 for m in served:
                     ask = planner_asker(stub, tenant, m)
@@ -192,6 +195,7 @@ def evaluate_plan(
         "queries": len(queries),
         "truncated": truncated,
         "test_gold_seen": seen,
+        "models": models,
         "methods": results,
         "seconds": round(time.perf_counter() - started, 1),
     }
