@@ -38,6 +38,7 @@ from pml_common.settings import Settings
 from pml_scorer.models import TenantModel
 from pml_scorer.service import ScorerServicer
 from pml_scorer.snapshots import ModelSnapshots
+from pml_shgat.gating import UntrainedShgat
 from pml_shgat.hierarchy import CapabilityInput, Hierarchy, normalise_rows
 from pml_shgat.params import init_params, make_config
 from pml_shgat.serving import ServingModel
@@ -117,6 +118,7 @@ class _FixedBuilder:
             built_at=datetime.now(UTC),
             graph_digest=b"",
             registry_version=None,
+            baseline=UntrainedShgat.of(self._model),
         )
 
 

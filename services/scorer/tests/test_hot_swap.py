@@ -25,6 +25,7 @@ from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
 from pml_common.testing import eventually
 from pml_scorer.main import ScorerApp
+from pml_shgat.gating import WEIGHT_METRIC, served_scores, tool_scores
 from pml_shgat.params import Params
 from pml_shgat.serving import ScoredNode, ServingModel
 
@@ -71,10 +72,20 @@ async def client(
             )
 
 
-def expected(model: ServingModel, kind: str, vector: np.ndarray) -> list[ScoredNode]:
+#: Weight of the learned correction in the versions published here (tools are served as
+#: first stage + w · SHGAT score, so every version's tool answers differ too).
+WEIGHT = 1.0
+
+
+def expected(
+    model: ServingModel, first_stage: ServingModel, kind: str, vector: np.ndarray, weight: float
+) -> list[ScoredNode]:
     if kind == "capabilities":
         return model.score_capabilities(vector, 100)
-    return model.score_tools(vector, 100)
+    scores = served_scores(tool_scores(first_stage, vector), tool_scores(model, vector), weight)
+    ids = model.hierarchy.tool_ids
+    order = np.argsort(-scores, kind="stable")
+    return [ScoredNode(ids[i], float(scores[i]), -1) for i in order]
 
 
 async def test_responses_during_repeated_swaps_match_the_version_they_report(
@@ -102,7 +113,9 @@ async def test_responses_during_repeated_swaps_match_the_version_they_report(
     try:
         for seed in range(VERSIONS):
             params = variant(config, untrained, seed=100 + seed)
-            record = await announce_model(app.bus, registry, redis, tenant, config, params)
+            record = await announce_model(
+                app.bus, registry, redis, tenant, config, params, {WEIGHT_METRIC: WEIGHT}
+            )
             params_of[record.version] = params
             # Each version serves a while before the next one replaces it.
             await eventually(
@@ -112,7 +125,9 @@ async def test_responses_during_repeated_swaps_match_the_version_they_report(
         # A burst: versions announced while the previous rebuild runs coalesce; the newest wins.
         for seed in range(BURST):
             params = variant(config, untrained, seed=200 + seed)
-            record = await announce_model(app.bus, registry, redis, tenant, config, params)
+            record = await announce_model(
+                app.bus, registry, redis, tenant, config, params, {WEIGHT_METRIC: WEIGHT}
+            )
             params_of[record.version] = params
             burst.append(record.version)
         await eventually(lambda: _served_versions(answers), lambda seen: burst[-1] in seen)
@@ -123,9 +138,11 @@ async def test_responses_during_repeated_swaps_match_the_version_they_report(
         await asyncio.gather(*clients)
 
     models = {v: ServingModel(config, p, hierarchy) for v, p in params_of.items()}
+    first = models["untrained"]
+    weights = {v: 0.0 if v == "untrained" else WEIGHT for v in models}
     # The check can tell the versions apart: no two give the same scores.
     signatures = {
-        v: tuple(round(s.score, 9) for s in expected(m, "capabilities", vectors[0]))
+        v: tuple(round(s.score, 9) for s in expected(m, first, "tools", vectors[0], weights[v]))
         for v, m in models.items()
     }
     assert len(set(signatures.values())) == len(models)
@@ -133,7 +150,9 @@ async def test_responses_during_repeated_swaps_match_the_version_they_report(
     assert len(answers) > 100, f"only {len(answers)} answers under load"
     # What each version gives, per kind and intent (few combinations, many answers).
     want = {
-        (v, kind, i): [(w.id, w.score, w.level) for w in expected(m, kind, vectors[i])]
+        (v, kind, i): [
+            (w.id, w.score, w.level) for w in expected(m, first, kind, vectors[i], weights[v])
+        ]
         for v, m in models.items()
         for kind in ("capabilities", "tools")
         for i in range(len(INTENTS))

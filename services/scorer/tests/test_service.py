@@ -17,10 +17,13 @@ import pytest
 from redis.asyncio import Redis
 
 from pml.v1 import scorer_pb2, scorer_pb2_grpc
+from pml_common.lease_lock import FENCING_COUNTER_KEY
 from pml_common.model_registry import ModelRegistry
+from pml_common.prequential import PrequentialStore
 from pml_common.settings import Settings
 from pml_common.testing import eventually
 from pml_scorer.main import ScorerApp
+from pml_shgat.gating import WEIGHT_METRIC, tool_scores
 from pml_shgat.serving import ScoredNode, ServingModel
 
 from .helpers import (
@@ -314,3 +317,101 @@ async def test_bad_input_is_invalid_argument_with_a_message(
         code, details = await status_of(call)
         assert code == grpc.StatusCode.INVALID_ARGUMENT, details
         assert message in details, details
+
+
+# --- served tool score: first stage + w · learned correction ---------------------------------
+
+
+async def _served_tools(
+    stub: scorer_pb2_grpc.ScorerServiceStub, tenant: str, version: str
+) -> scorer_pb2.ScoreResponse:
+    request = scorer_pb2.ScoreRequest(tenant_id=tenant, text=INTENT, top_k=100)
+    reply: scorer_pb2.ScoreResponse = await eventually(
+        lambda: stub.ScoreTools(request, timeout=30), lambda r: r.model_version == version
+    )
+    return reply
+
+
+async def test_tools_are_served_as_the_first_stage_plus_the_weighted_correction(
+    app: ScorerApp,
+    stub: scorer_pb2_grpc.ScorerServiceStub,
+    reference: tuple[ServingModel, np.ndarray],
+    redis: Redis,
+    registry: ModelRegistry,
+    graph_db: neo4j.AsyncDriver,
+    settings: Settings,
+    tenant: str,
+) -> None:
+    first_stage, vector = reference
+    hierarchy, config, initial = await untrained_reference(graph_db, settings, tenant, app.embedder)
+    params = variant(config, initial, seed=3)
+    trained = ServingModel(config, params, hierarchy)
+    ids = first_stage.hierarchy.tool_ids
+
+    record = await announce_model(
+        app.bus, registry, redis, tenant, config, params, {WEIGHT_METRIC: 0.5}
+    )
+    reply = await _served_tools(stub, tenant, record.version)
+    assert reply.correction_weight == 0.5
+    want = tool_scores(first_stage, vector) + 0.5 * tool_scores(trained, vector)
+    order = np.argsort(-want, kind="stable")
+    assert [s.id for s in reply.scores] == [ids[i] for i in order]
+    np.testing.assert_allclose([s.score for s in reply.scores], want[order], atol=1e-9)
+    # the correction changes the ranking of this intent, so the check above can fail
+    alone = first_stage.score_tools(vector, 100)
+    assert [s.id for s in reply.scores] != [s.id for s in alone]
+
+    # w = 0: the trained version serves capabilities, but tools rank exactly like the first
+    # stage (the gate found no weight at which it helps)
+    zero = await announce_model(
+        app.bus, registry, redis, tenant, config, params, {WEIGHT_METRIC: 0}
+    )
+    reply = await _served_tools(stub, tenant, zero.version)
+    assert reply.correction_weight == 0.0
+    assert_same(reply.scores, alone)
+
+
+async def test_model_info_reports_weight_prequential_and_candidates(
+    app: ScorerApp,
+    stub: scorer_pb2_grpc.ScorerServiceStub,
+    reference: tuple[ServingModel, np.ndarray],  # writes the catalog
+    redis: Redis,
+    registry: ModelRegistry,
+    graph_db: neo4j.AsyncDriver,
+    settings: Settings,
+    tenant: str,
+) -> None:
+    _, config, initial = await untrained_reference(graph_db, settings, tenant, app.embedder)
+    store = PrequentialStore(redis, window=2)
+    for i, figures in enumerate([(1.0, 1.0, 1.0, 1.0), (0.0, 0.5, 1.0, 3.0), (0.0, 0.0, 0.5, 9.0)]):
+        assert await store.record(tenant, f"e{i}", *figures)
+    assert not await store.record(tenant, "e2", 0.0, 0.0, 0.0, 99.0)  # a redelivery: not twice
+    gate = {
+        "accepted": 1.0,
+        WEIGHT_METRIC: 2.0,
+        "holdout_size": 7.0,
+        "holdout_candidate_recall_at_5": 0.6,
+        "holdout_serving_recall_at_5": 0.4,
+        "holdout_first_stage_recall_at_5": 0.3,
+    }
+    record = await announce_model(app.bus, registry, redis, tenant, config, initial, gate)
+    token = int(await redis.incr(FENCING_COUNTER_KEY))
+    rejected = await registry.reject(
+        tenant, b"kept", token, {**gate, "accepted": 0.0, "holdout_candidate_recall_at_5": 0.2}
+    )
+    info = await eventually(
+        lambda: stub.ModelInfo(scorer_pb2.ModelInfoRequest(tenant_id=tenant), timeout=30),
+        lambda i: i.version == record.version,
+    )
+    assert info.correction_weight == 2.0
+    window, total = info.prequential.window, info.prequential.cumulative
+    assert (window.count, total.count) == (2, 3)
+    assert window.recall_at_5 == pytest.approx(0.25) and window.first_rank == pytest.approx(6.0)
+    assert total.recall_at_5 == pytest.approx(0.5) and total.first_rank == pytest.approx(13 / 3)
+    assert total.recall_at_1 == pytest.approx(1 / 3) and total.recall_at_10 == pytest.approx(5 / 6)
+    accepted = info.last_accepted
+    assert (accepted.version, accepted.accepted, accepted.holdout_size) == (record.version, True, 7)
+    assert (accepted.candidate_recall_at_5, accepted.serving_recall_at_5) == (0.6, 0.4)
+    assert (accepted.first_stage_recall_at_5, accepted.correction_weight) == (0.3, 2.0)
+    assert (info.last_rejected.version, info.last_rejected.accepted) == (rejected.version, False)
+    assert info.last_rejected.candidate_recall_at_5 == 0.2

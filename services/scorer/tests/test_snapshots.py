@@ -17,6 +17,7 @@ import pytest
 from pml_common.model_registry import ModelRecord
 from pml_scorer.models import TenantModel
 from pml_scorer.snapshots import ModelSnapshots
+from pml_shgat.gating import UntrainedShgat
 from pml_shgat.hierarchy import Hierarchy
 from pml_shgat.params import init_params, make_config
 from pml_shgat.serving import ServingModel
@@ -31,13 +32,15 @@ def tenant_model(tenant: str, version: int, *, empty: bool = False) -> TenantMod
     record = ModelRecord(
         tenant_id=tenant, version=f"v{version}", fencing_token=version, trained_at=datetime.now(UTC)
     )
+    model = ServingModel(config, init_params(config, hierarchy.features, 0), hierarchy)
     return TenantModel(
         tenant_id=tenant,
-        model=ServingModel(config, init_params(config, hierarchy.features, 0), hierarchy),
+        model=model,
         record=record,
         built_at=datetime.now(UTC),
         graph_digest=b"",
         registry_version=record.version,
+        baseline=UntrainedShgat.of(model),
     )
 
 

@@ -208,5 +208,12 @@ class UntrainedShgat:
         params = init_params(config, hierarchy.features, hierarchy.num_levels)
         self.model = ServingModel(config, params, hierarchy)
 
+    @classmethod
+    def of(cls, model: ServingModel) -> UntrainedShgat:
+        """An already built model with initial parameters, as the first stage."""
+        baseline = cls.__new__(cls)
+        baseline.model = model
+        return baseline
+
     def scores(self, text: str | None, intent: FloatArray) -> FloatArray:
         return tool_scores(self.model, intent)

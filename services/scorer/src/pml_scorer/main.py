@@ -21,6 +21,7 @@ from pml_common.embedding import build_embedder
 from pml_common.grpc_server import GrpcServer
 from pml_common.lifecycle import wait_for_shutdown_signal
 from pml_common.model_registry import ModelRegistry
+from pml_common.prequential import PrequentialStore
 from pml_common.settings import Settings
 from pml_common.stores import neo4j_driver, redis_client
 from pml_common.telemetry import configure_logging, setup_telemetry
@@ -46,17 +47,20 @@ class ScorerApp:
         self._redis = redis_client(settings)
         self._driver = neo4j_driver(settings)
         self.embedder = build_embedder(settings, self._redis)
+        registry = ModelRegistry(self._redis, settings.model_keep_versions)
         builder = ModelBuilder(
             self._driver,
             settings.neo4j_database,
             self.embedder,
-            ModelRegistry(self._redis, settings.model_keep_versions),
+            registry,
             settings.shgat_key_dim,
         )
         self.snapshots = ModelSnapshots(builder)
         self.bus = EventBus(settings, SERVICE)
         self._group = ScorerConsumers(self.snapshots).subscribe(self.bus, settings.consumer_name)
-        self.servicer = ScorerServicer(settings, self.snapshots, self.embedder)
+        self.servicer = ScorerServicer(
+            settings, self.snapshots, self.embedder, registry, PrequentialStore(self._redis)
+        )
         self._server = GrpcServer(settings, self.port, SERVICE)
         self._server.add(
             lambda s: scorer_pb2_grpc.add_ScorerServiceServicer_to_server(self.servicer, s),

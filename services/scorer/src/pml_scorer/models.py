@@ -8,6 +8,11 @@ from the shared cache), turned into a `Hierarchy`, and frozen into a `ServingMod
 registry's current parameters. Before any model was published, or when the published one cannot
 be used (another embedding size, unreadable bytes), the initial parameters are served: they
 rank like cosine similarity, so the scorer answers sensibly before any training.
+
+Tools are served as the untrained first stage plus the learned correction,
+`first_stage + w · SHGAT score` (`pml_shgat.gating`), with the weight w the trainer's gate chose
+for the published version on held-back executions (0, the first stage alone, before any version
+was admitted and for a version published without one).
 """
 
 from __future__ import annotations
@@ -17,15 +22,18 @@ import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import numpy as np
 import structlog
 from neo4j import AsyncDriver
+from numpy.typing import NDArray
 
 from pml_common.embedding import Embedder
 from pml_common.model_registry import ModelRecord, ModelRegistry
 from pml_common.tool_graph import ToolGraph, read_tool_graph
+from pml_shgat.gating import WEIGHT_METRIC, UntrainedShgat, served_scores, tool_scores
 from pml_shgat.hierarchy import Hierarchy
-from pml_shgat.params import Params, ShgatConfig, from_bytes, init_params, make_config
-from pml_shgat.serving import ServingModel
+from pml_shgat.params import Params, ShgatConfig, from_bytes
+from pml_shgat.serving import ScoredNode, ServingModel
 
 #: Version reported while a tenant has no usable published model.
 UNTRAINED = "untrained"
@@ -44,10 +52,28 @@ class TenantModel:
     #: one that could not be used): with both unchanged a rebuild would give the same model.
     graph_digest: bytes
     registry_version: str | None
+    #: The untrained first stage of the tenant's tools.
+    baseline: UntrainedShgat
+    #: Weight of the learned correction in the served tool score (0: the first stage alone).
+    weight: float = 0.0
 
     @property
     def version(self) -> str:
         return self.record.version if self.record is not None else UNTRAINED
+
+    def tool_scores(self, text: str | None, intent: NDArray[np.floating]) -> NDArray[np.floating]:
+        """Served score of every tool: first stage + w · SHGAT score (hierarchy order)."""
+        correction = tool_scores(self.model, intent) if self.weight else None
+        return served_scores(self.baseline.scores(text, intent), correction, self.weight)
+
+    def score_tools(
+        self, text: str | None, intent: NDArray[np.floating], top_k: int
+    ) -> list[ScoredNode]:
+        """The `top_k` tools by served score, best first (ties keep hierarchy order)."""
+        scores = self.tool_scores(text, intent)
+        order = np.argsort(-scores, kind="stable")[: max(top_k, 0)]
+        ids = self.model.hierarchy.tool_ids
+        return [ScoredNode(id=ids[i], score=float(scores[i]), level=-1) for i in order]
 
     @property
     def is_empty(self) -> bool:
@@ -92,9 +118,12 @@ class ModelBuilder:
                 return reusable
         published = await self._registry.current(tenant)
         hierarchy = reusable.model.hierarchy if reusable is not None else None
+        baseline = reusable.baseline if reusable is not None else None
         # Hierarchy, initial parameters (an SVD) and propagation are numpy work that would
         # stall every request on the event loop for a large tenant.
-        return await asyncio.to_thread(self._assemble, tenant, graph, digest, published, hierarchy)
+        return await asyncio.to_thread(
+            self._assemble, tenant, graph, digest, published, hierarchy, baseline
+        )
 
     def _assemble(
         self,
@@ -103,24 +132,30 @@ class ModelBuilder:
         digest: bytes,
         published: tuple[ModelRecord, bytes] | None,
         hierarchy: Hierarchy | None,
+        baseline: UntrainedShgat | None,
     ) -> TenantModel:
-        """The model of `graph` (whose `hierarchy`, when already built, is reused)."""
+        """The model of `graph` (whose `hierarchy` and `baseline`, when built, are reused)."""
         if hierarchy is None:
             hierarchy = Hierarchy.build(graph.tool_vectors, graph.capabilities, dim=self.dim)
+        if baseline is None:
+            baseline = UntrainedShgat(hierarchy, self._key_dim)
         usable = self._usable(tenant, published)
+        weight = 0.0
         if usable is None:
-            config = make_config(self.dim, self._key_dim, hierarchy.num_nodes)
-            params = init_params(config, hierarchy.features, hierarchy.num_levels)
-            record = None
+            model, record = baseline.model, None  # the untrained model is the first stage
         else:
             record, config, params = usable
+            model = ServingModel(config, params, hierarchy)
+            weight = float(record.metrics.get(WEIGHT_METRIC, 0.0))
         return TenantModel(
             tenant_id=tenant,
-            model=ServingModel(config, params, hierarchy),
+            model=model,
             record=record,
             built_at=datetime.now(UTC),
             graph_digest=digest,
             registry_version=published[0].version if published else None,
+            baseline=baseline,
+            weight=weight,
         )
 
     def _usable(

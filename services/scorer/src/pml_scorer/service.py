@@ -7,12 +7,16 @@ next request, never by half of this one.
 - `ScoreCapabilities`: `sigmoid(mean_h(Q_h·K_h)/√d_h)` of every capability (or of one
   hierarchy level), best `top_k` first. The intent is text (embedded as a query) or an
   embedding of the embedder's size.
-- `ScoreTools`: the same over tools (`level` -1 in the answer: tools have no level).
+- `ScoreTools`: the served tool score, the untrained first stage plus the learned correction,
+  `first_stage + w · SHGAT score`, with the published version's weight w (reported; 0 before
+  any version was admitted: the first stage alone). `level` is -1: tools have no level.
 - `TopByLevel`: the best `k` capabilities of every level, level 0 first.
 - `PredictPathSuccess`: weighted mean of the path's node scores, later steps weighing more
   (1, 1.5, 2, …); 0.5 for unknown nodes and for an empty path.
-- `ModelInfo`: the served version, its fencing token, training time and metrics, and the size
-  of the hierarchy it scores.
+- `ModelInfo`: the served version, its fencing token, training time and metrics, the size
+  of the hierarchy it scores, its correction weight, the tenant's prequential figures (how the
+  served scores ranked executions before they were learned) and the figures of the last
+  admitted and last rejected candidates (read from the trainer's records in Redis).
 
 A tenant without tools or capabilities gets empty scores from the untrained model, not an error.
 
@@ -33,19 +37,31 @@ from opentelemetry import trace
 from pml.v1 import scorer_pb2, scorer_pb2_grpc
 from pml_common.embedding import Embedder
 from pml_common.grpc_server import check_deadline
+from pml_common.model_registry import ModelRecord, ModelRegistry
+from pml_common.prequential import PrequentialStore, PrequentialSummary, RankingFigures
 from pml_common.request_validation import limit_of, tenant_of, text_of
 from pml_common.settings import Settings
 from pml_scorer.models import TenantModel
 from pml_scorer.snapshots import ModelSnapshots
 from pml_scorer.validation import intent_of, level_of, no_level, path_of
+from pml_shgat.gating import WEIGHT_METRIC
 from pml_shgat.serving import ScoredNode
 
 
 class ScorerServicer(scorer_pb2_grpc.ScorerServiceServicer):
-    def __init__(self, settings: Settings, snapshots: ModelSnapshots, embedder: Embedder) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        snapshots: ModelSnapshots,
+        embedder: Embedder,
+        registry: ModelRegistry | None = None,
+        prequential: PrequentialStore | None = None,
+    ) -> None:
         self._settings = settings
         self._snapshots = snapshots
         self._embedder = embedder
+        self._registry = registry
+        self._prequential = prequential
 
     async def ScoreCapabilities(
         self, request: scorer_pb2.ScoreRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -69,9 +85,14 @@ class ScorerServicer(scorer_pb2_grpc.ScorerServiceServicer):
         no_level(request)
         snapshot = await self._model(tenant)
         vector = await self._vector(intent, context)
-        scored = snapshot.model.score_tools(vector, top_k)
+        text = intent if isinstance(intent, str) else None
+        scored = snapshot.score_tools(text, vector, top_k)
         _annotate(snapshot, snapshot.model.hierarchy.num_tools)
-        return scorer_pb2.ScoreResponse(scores=_scored(scored), model_version=snapshot.version)
+        return scorer_pb2.ScoreResponse(
+            scores=_scored(scored),
+            model_version=snapshot.version,
+            correction_weight=snapshot.weight,
+        )
 
     async def TopByLevel(
         self, request: scorer_pb2.TopByLevelRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -114,6 +135,8 @@ class ScorerServicer(scorer_pb2_grpc.ScorerServiceServicer):
         snapshot = await self._model(tenant)
         _annotate(snapshot, 0)
         record, model = snapshot.record, snapshot.model
+        summary = await self._prequential.summary(tenant) if self._prequential else None
+        rejected = await self._registry.last_rejected(tenant) if self._registry else None
         return scorer_pb2.ModelInfoResponse(
             version=snapshot.version,
             fencing_token=record.fencing_token if record else 0,
@@ -123,6 +146,10 @@ class ScorerServicer(scorer_pb2_grpc.ScorerServiceServicer):
             num_tools=model.hierarchy.num_tools,
             num_heads=model.config.heads,
             num_levels=model.num_levels,
+            correction_weight=snapshot.weight,
+            prequential=_prequential(summary),
+            last_accepted=_candidate(record) if record else None,
+            last_rejected=_candidate(rejected[0]) if rejected else None,
         )
 
     # --- helpers ------------------------------------------------------------------------------
@@ -146,6 +173,37 @@ def _annotate(snapshot: TenantModel, candidates: int) -> None:
     span = trace.get_current_span()
     span.set_attribute("pml.model.version", snapshot.version)
     span.set_attribute("pml.scorer.candidates", candidates)
+
+
+def _prequential(summary: PrequentialSummary | None) -> scorer_pb2.Prequential | None:
+    if summary is None:
+        return None
+    return scorer_pb2.Prequential(
+        window=_figures(summary.window), cumulative=_figures(summary.cumulative)
+    )
+
+
+def _figures(figures: RankingFigures) -> scorer_pb2.RankingFigures:
+    return scorer_pb2.RankingFigures(**figures.model_dump())
+
+
+def _candidate(record: ModelRecord) -> scorer_pb2.CandidateFigures:
+    """The gate's figures of a version, from its record's metrics (0 where it has none: a
+    version published before the gate existed)."""
+    m = record.metrics
+    return scorer_pb2.CandidateFigures(
+        version=record.version,
+        accepted=bool(m.get("accepted", 1.0)),
+        trained_at=record.trained_at.isoformat(),
+        holdout_size=int(m.get("holdout_size", 0)),
+        candidate_recall_at_5=m.get("holdout_candidate_recall_at_5", 0.0),
+        serving_recall_at_5=m.get("holdout_serving_recall_at_5", 0.0),
+        first_stage_recall_at_5=m.get("holdout_first_stage_recall_at_5", 0.0),
+        correction_weight=m.get(WEIGHT_METRIC, 0.0),
+        candidate_mrr=m.get("holdout_candidate_mrr", 0.0),
+        serving_mrr=m.get("holdout_serving_mrr", 0.0),
+        first_stage_mrr=m.get("holdout_first_stage_mrr", 0.0),
+    )
 
 
 def _scored(nodes: list[ScoredNode]) -> list[scorer_pb2.Scored]:
