@@ -1,8 +1,12 @@
-"""OpenTelemetry tracing and structured logs, set up once in each composition root.
+"""OpenTelemetry tracing, metrics and structured logs, set up once in each composition root.
 
-`setup_telemetry` installs the process's tracer provider (the one piece of global state
-OpenTelemetry requires); `configure_logging` makes every log line a structlog event carrying
-`trace_id`/`span_id` when it is emitted inside a span, so logs and traces join up in the UI.
+`setup_telemetry` installs the process's tracer and meter providers (the global state
+OpenTelemetry requires); metrics go to the same OTLP collector as spans, every
+`OTEL_METRIC_EXPORT_INTERVAL` ms (the SDK's variable, 60000 by default). Instruments are created
+where they are measured, with `opentelemetry.metrics.get_meter`: the API hands out proxies
+until the provider is installed, so module-level instruments work. `configure_logging` makes
+every log line a structlog event carrying `trace_id`/`span_id` when it is emitted inside a
+span, so logs and traces join up in the UI.
 `inject_trace`/`extract_trace` carry the W3C context across Redis streams (`Event.trace`).
 """
 
@@ -14,8 +18,10 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any, TextIO
 
 import structlog
-from opentelemetry import propagate, trace
+from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -45,8 +51,10 @@ def setup_telemetry(
             current.add_span_processor(SimpleSpanProcessor(span_exporter))
         return current
 
+    resource = Resource.create({SERVICE_NAME: service_name})
+    _setup_metrics(settings, resource)
     provider = TracerProvider(
-        resource=Resource.create({SERVICE_NAME: service_name}),
+        resource=resource,
         # ParentBased: a service never cuts a trace its caller decided to sample.
         sampler=ParentBased(TraceIdRatioBased(settings.otel_sample_ratio)),
     )
@@ -60,6 +68,20 @@ def setup_telemetry(
         provider.add_span_processor(SimpleSpanProcessor(span_exporter))
     trace.set_tracer_provider(provider)
     return provider
+
+
+def _setup_metrics(settings: Settings, resource: Resource) -> None:
+    """Install the global meter provider, exporting over OTLP when a collector is configured."""
+    if isinstance(metrics.get_meter_provider(), MeterProvider):
+        return
+    readers: list[MetricReader] = []
+    if settings.otel_exporter_otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        endpoint = settings.otel_exporter_otlp_endpoint
+        exporter = OTLPMetricExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"))
+        readers.append(PeriodicExportingMetricReader(exporter))
+    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
 
 
 def inject_trace() -> dict[str, str]:
