@@ -2,7 +2,8 @@
 
 `pml run` keeps it in the foreground until Ctrl-C; `pml eval` starts a private one on free ports
 when nothing runs; the end-to-end tests start the services against the suite's servers.
-Every child runs in its own process group and is stopped with it, so nothing is left behind.
+Every child runs in its own process group and is stopped with it, so nothing is left behind;
+the kernel kills the children if the process that started them dies without stopping them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,10 +26,12 @@ from pml_common.healthcheck import check
 from pml_common.local_runtime import (
     LocalRuntimeError,
     ManagedProcess,
+    dies_with_parent,
     free_port,
     port_open,
     start_neo4j,
     start_redis,
+    stop_all,
 )
 from pml_common.settings import Settings
 
@@ -77,9 +80,19 @@ def start_service(
     name: str, settings: Settings, state_dir: Path, extra_env: Mapping[str, str] | None = None
 ) -> ManagedProcess:
     """Start one service as `python -m pml_<name>` and wait for its health check."""
+    return _healthy(spawn_service(name, settings, state_dir, extra_env), settings)
+
+
+def spawn_service(
+    name: str, settings: Settings, state_dir: Path, extra_env: Mapping[str, str] | None = None
+) -> ManagedProcess:
+    """Start one service as `python -m pml_<name>`, without waiting for it."""
     module, port_field = SERVICES[name]
     return _spawn(name, [module], getattr(settings, port_field), settings, state_dir, extra_env)
 
+
+#: Processes the services depend on: stopped last.
+STORES = ("redis", "neo4j")
 
 #: The ingestion pass workers, each its own process: `python -m pml_ingest.worker <pass>`.
 INGEST_PASSES = ("chunking", "pass1", "pass2a", "pass2b", "pass3")
@@ -93,9 +106,31 @@ def start_ingest_worker(
     extra_env: Mapping[str, str] | None = None,
 ) -> ManagedProcess:
     """Start one pass worker, its health on `port`, and wait for its health check."""
+    return _healthy(spawn_ingest_worker(pass_name, settings, state_dir, port, extra_env), settings)
+
+
+def spawn_ingest_worker(
+    pass_name: str,
+    settings: Settings,
+    state_dir: Path,
+    port: int,
+    extra_env: Mapping[str, str] | None = None,
+) -> ManagedProcess:
+    """Start one pass worker with its health on `port`, without waiting for it."""
     env = {"PML_INGEST_WORKER_PORT": str(port), **(extra_env or {})}
     name = f"ingest-{pass_name}"
     return _spawn(name, ["pml_ingest.worker", pass_name], port, settings, state_dir, env)
+
+
+def _healthy(proc: ManagedProcess, settings: Settings) -> ManagedProcess:
+    """`proc` once its health check answers; stopped if it never does or the wait is
+    interrupted, so no caller is left holding a process it does not know about."""
+    try:
+        wait_healthy(proc.url, timeout=90, proc=proc, settings=settings)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
 
 
 def _spawn(
@@ -112,25 +147,26 @@ def _spawn(
     env["PML_CONSUMER_NAME"] = f"{name}-{os.getpid()}-{time.monotonic_ns() % 100000}"
     with log_path.open("ab") as log:
         popen = subprocess.Popen(
-            [sys.executable, "-m", *module_args],
+            dies_with_parent([sys.executable, "-m", *module_args]),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,
         )
-    proc = ManagedProcess(name, popen, f"{settings.grpc_host}:{port}", log_path)
-    wait_healthy(proc.url, timeout=90, proc=proc, settings=settings)
-    return proc
+    return ManagedProcess(name, popen, f"{settings.grpc_host}:{port}", log_path)
 
 
 @dataclass
 class LocalStack:
-    """Redis, Neo4j and the services, started in order and stopped in reverse."""
+    """Redis, Neo4j and the services, started in order; the services stopped together, then
+    the stores. `on_start` hears of every process as soon as it exists (`pml run` records it,
+    so a later run finds what a killed one left)."""
 
     state_dir: Path
     settings: Settings
     processes: list[ManagedProcess] = field(default_factory=list)
+    on_start: Callable[[ManagedProcess], None] | None = None
 
     @classmethod
     def on_free_ports(cls, state_dir: Path, **overrides: object) -> LocalStack:
@@ -156,9 +192,12 @@ class LocalStack:
         neo4j_port = _port_of(self.settings.neo4j_uri)
         for port, what in ((redis_port, "Redis"), (neo4j_port, "Neo4j")):
             if port_open(port):
-                raise LocalRuntimeError(f"port {port} for {what} is already in use")
-        self.processes.append(start_redis(self.state_dir / "redis", redis_port))
-        self.processes.append(start_neo4j(self.state_dir / "neo4j", neo4j_port))
+                raise LocalRuntimeError(
+                    f"port {port} for {what} is already in use by another program "
+                    "(a PML started from another folder?)"
+                )
+        self._add(start_redis(self.state_dir / "redis", redis_port))
+        self._add(start_neo4j(self.state_dir / "neo4j", neo4j_port))
 
     def start_services(self, names: Sequence[str] = tuple(SERVICES)) -> None:
         for name in names:
@@ -166,19 +205,32 @@ class LocalStack:
             port = getattr(self.settings, port_field)
             if port_open(port):
                 raise LocalRuntimeError(f"port {port} for the {name} service is already in use")
-            self.processes.append(start_service(name, self.settings, self.state_dir))
+            # Held before the health wait, so an interrupted start-up still stops it.
+            _healthy(self._add(spawn_service(name, self.settings, self.state_dir)), self.settings)
             if name == "ingest":
                 self.start_ingest_workers()
 
     def start_ingest_workers(self) -> None:
-        """The five pass workers, each on a free health port."""
-        for pass_name in INGEST_PASSES:
-            worker = start_ingest_worker(pass_name, self.settings, self.state_dir, free_port())
-            self.processes.append(worker)
+        """The five pass workers, each on a free health port, started together."""
+        workers = [
+            self._add(spawn_ingest_worker(p, self.settings, self.state_dir, free_port()))
+            for p in INGEST_PASSES
+        ]
+        for worker in workers:
+            _healthy(worker, self.settings)
 
-    def stop(self) -> None:
-        for proc in reversed(self.processes):
-            proc.stop()
+    def _add(self, proc: ManagedProcess) -> ManagedProcess:
+        self.processes.append(proc)
+        if self.on_start is not None:
+            self.on_start(proc)
+        return proc
+
+    def stop(self, hurry: Callable[[], bool] = lambda: False) -> None:
+        """Services first, all at once (they may still write to the stores), then the stores;
+        `hurry()` turning true kills what is left instead of waiting for it."""
+        stores = [p for p in self.processes if p.name in STORES]
+        stop_all([p for p in self.processes if p.name not in STORES], hurry=hurry)
+        stop_all(stores, hurry=hurry)
         self.processes.clear()
 
     def __enter__(self) -> LocalStack:
@@ -204,29 +256,71 @@ def running_system(
     if all(_reachable(address, settings) for address in addresses):
         yield settings
         return
-    interrupt_on_signals()
+    interrupts = interrupt_on_signals()
     with tempfile.TemporaryDirectory(prefix="pml-eval-") as tmp:
         stack = LocalStack.on_free_ports(Path(tmp))
         try:
-            with console.status("no PML running: starting a private one (about a minute)…"):
+            what = "no PML running: starting a private one (about a minute)"
+            with console.status(f"{what}…") as status:
+                stack.on_start = lambda p: status.update(f"{what}: {p.name}…")
                 stack.start_stores()
                 stack.start_services(list(dict.fromkeys(["search", "trainer", *services])))
             yield stack.settings
         finally:
-            stack.stop()
+            interrupts.stop_now()
+            stack.stop(interrupts.hurry)
 
 
-def interrupt_on_signals() -> None:
-    """SIGINT and SIGTERM raise KeyboardInterrupt, so the `finally` that stops a private system
-    runs whatever ended the command (a kill, a CI timeout, Ctrl-C). Explicit for SIGINT too, as
-    a shell may start background jobs with SIGINT ignored. Main thread only (Python's rule)."""
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, _interrupt)
+#: Signals closer together than this are one interrupt: a terminal's Ctrl-C reaches make, uv
+#: and pml at once, and make and uv each pass theirs on to pml a moment later.
+ECHO_S = 1.0
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+class Interrupts:
+    """How SIGINT and SIGTERM stop the system, however many of them arrive.
+
+    The first raises KeyboardInterrupt in the main thread, so the `finally` that stops the
+    system runs whatever ended the command (Ctrl-C, a kill, a CI timeout). Once stopping, a
+    signal never interrupts the stop sequence: it is noted, and one arriving `ECHO_S` after the
+    first (a second Ctrl-C, not an echo of the first) makes `hurry()` true, which kills what is
+    left instead of waiting for it. Installed explicitly for SIGINT too, as a shell may start
+    background jobs with SIGINT ignored."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self.noted = 0
+        self._first: float | None = None
+        self._hurried = False
+
+    def install(self) -> Interrupts:
+        if threading.current_thread() is threading.main_thread():  # Python's rule
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, self._handle)
+        return self
+
+    def stop_now(self) -> None:
+        """The stop sequence begins (for a reason other than a signal): signals are noted."""
+        self.stopping = True
+
+    def hurry(self) -> bool:
+        return self._hurried
+
+    def _handle(self, signum: int, frame: object) -> None:
+        now = time.monotonic()
+        if not self.stopping:
+            self.stopping = True
+            self._first = now
+            raise KeyboardInterrupt
+        self.noted += 1
+        if self._first is None:
+            self._first = now
+        elif now - self._first >= ECHO_S:
+            self._hurried = True
+
+
+def interrupt_on_signals() -> Interrupts:
+    """Install an `Interrupts` for this command (see there)."""
+    return Interrupts().install()
 
 
 def _reachable(address: str, settings: Settings) -> bool:

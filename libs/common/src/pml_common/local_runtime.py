@@ -2,7 +2,8 @@
 
 Redis is the system's `redis-server`; Neo4j is the 5.26 LTS community jars that
 `deploy/local/neo4j` resolves from Maven Central, started with Bolt on loopback. Both run as
-child processes in their own process group, so stopping them leaves nothing behind.
+child processes in their own process group, so stopping them leaves nothing behind; and they
+die with the process that started them even when it is killed (`dies_with_parent`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,18 +48,13 @@ class ManagedProcess:
 
     def stop(self, timeout: float = 20.0) -> None:
         """Terminate gracefully, then kill the group if it does not exit in time."""
-        if self._stopped:
-            return
-        self._stopped = True
+        stop_all([self], timeout)
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        """Send `sig` to the process group (the server and anything it started)."""
         if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(5)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, sig)
 
     def kill(self) -> None:
         """Kill abruptly (for failure drills)."""
@@ -64,6 +62,40 @@ class ManagedProcess:
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(10)
         self._stopped = True
+
+
+def stop_all(
+    procs: Sequence[ManagedProcess],
+    timeout: float = 20.0,
+    hurry: Callable[[], bool] = lambda: False,
+) -> None:
+    """Stop `procs` together: SIGTERM to every group at once, then SIGKILL to those still
+    running after `timeout` seconds, or as soon as `hurry()` turns true (a second Ctrl-C)."""
+    pending = [p for p in procs if not p._stopped]
+    for proc in pending:
+        proc._stopped = True
+        proc.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while any(p.alive() for p in pending) and time.monotonic() < deadline and not hurry():
+        time.sleep(0.1)
+    for proc in pending:
+        proc.signal_group(signal.SIGKILL)
+    for proc in pending:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.process.wait(10)
+
+
+def dies_with_parent(argv: Sequence[str]) -> list[str]:
+    """`argv` run so that the kernel kills it when this process dies, even by SIGKILL
+    (PR_SET_PDEATHSIG, set by util-linux `setpriv` just before it execs `argv`).
+
+    Only from the main thread: the kernel ties the signal to the thread that started the child,
+    so a child started from a worker thread would die when that thread ends. Without setpriv
+    the child runs as is (a later `pml run` still finds what a killed run left behind)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or threading.current_thread() is not threading.main_thread():
+        return list(argv)
+    return [setpriv, "--pdeathsig", "KILL", "--", *argv]
 
 
 def free_port() -> int:
@@ -89,23 +121,33 @@ def _wait_port(proc: ManagedProcess, port: int, timeout: float) -> None:
         if port_open(port):
             return
         time.sleep(0.2)
-    proc.stop()
     raise LocalRuntimeError(f"{proc.name} did not open port {port} within {timeout:.0f}s")
+
+
+def _started(proc: ManagedProcess, port: int, timeout: float) -> ManagedProcess:
+    """`proc` once it listens on `port`; stopped if it does not, or if start-up is interrupted
+    (Ctrl-C), so a server nobody holds is never left behind."""
+    try:
+        _wait_port(proc, port, timeout)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
 
 
 def _spawn(
     name: str, argv: list[str], log_path: Path, cwd: Path | None = None
 ) -> subprocess.Popen[bytes]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = log_path.open("ab")
-    return subprocess.Popen(
-        argv,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        cwd=cwd,
-        start_new_session=True,
-    )
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            dies_with_parent(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            start_new_session=True,
+        )
 
 
 def start_redis(workdir: Path, port: int | None = None, timeout: float = 20.0) -> ManagedProcess:
@@ -141,8 +183,7 @@ def start_redis(workdir: Path, port: int | None = None, timeout: float = 20.0) -
         workdir / "redis.log",
         workdir,
     )
-    _wait_port(proc, port, timeout)
-    return proc
+    return _started(proc, port, timeout)
 
 
 def neo4j_classpath() -> str:
@@ -185,8 +226,7 @@ def start_neo4j(
         workdir / "neo4j.log",
         workdir,
     )
-    _wait_port(proc, port, timeout)
-    return proc
+    return _started(proc, port, timeout)
 
 
 def restart(proc: ManagedProcess) -> ManagedProcess:
