@@ -20,7 +20,6 @@ from pml.v1 import (
     search_pb2,
     search_pb2_grpc,
 )
-from pml_common.bus import EventBus
 from pml_common.events import Event, ToolSpec
 from pml_common.grpc_client import blocking_channel
 from pml_common.settings import Settings
@@ -180,6 +179,8 @@ def print_dag(console: Console, reply: planner_pb2.SuggestDagResponse) -> None:
 
 
 async def publish_events(settings: Settings, events: Sequence[Event]) -> list[str]:
+    from pml_common.bus import EventBus  # the bus and its Redis client: a second to import
+
     async with EventBus(settings, "pml-cli") as bus:
         for event in events:
             await bus.publish(event)

@@ -1,30 +1,30 @@
 """The `pml` command: run the system, load catalogs, search, publish events, evaluate, benchmark."""
 
+# A command imports what it uses when it runs, not here: `pml --help` and `pml search` would
+# otherwise pay for the stores' drivers, the event bus and the evaluation code (seconds).
 from __future__ import annotations
 
-import asyncio
 import json
 import os
+import shlex
+import shutil
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
-import grpc
 import typer
 from rich.console import Console
 
-from pml_cli import client
-from pml_cli.catalog_files import CatalogFileError, load_catalog
-from pml_cli.eval_tools import EvalError
-from pml_cli.execution_files import ExecutionFileError, load_executions
-from pml_cli.ingest_files import IngestFileError
-from pml_cli.local_stack import LocalStack, interrupt_on_signals
-from pml_common.grpc_security import SecurityConfigError
-from pml_common.local_runtime import LocalRuntimeError
 from pml_common.settings import Settings
+
+if TYPE_CHECKING:
+    import grpc  # type: ignore[import-untyped, unused-ignore]
+
+    from pml_cli.local_stack import LocalStack
+    from pml_cli.run_record import RunRecord
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 catalog_app = typer.Typer(no_args_is_help=True, help="Manage the tool catalog.")
@@ -57,17 +57,31 @@ def _emit(result: dict[str, Any], as_json: bool) -> None:
         out.print(f"{key:>{width}}: {value}")
 
 
+#: Errors a user causes with bad input or settings, by module: reported as a message. Looked up
+#: only among modules already imported, since an error of a module nobody imported cannot occur.
+USER_ERRORS = (
+    ("pml_cli.eval_tools", "EvalError", ""),
+    ("pml_cli.catalog_files", "CatalogFileError", ""),
+    ("pml_cli.execution_files", "ExecutionFileError", ""),
+    ("pml_cli.ingest_files", "IngestFileError", ""),
+    ("pml_common.grpc_security", "SecurityConfigError", "security settings: "),
+)
+
+
 @contextmanager
 def _reported() -> Iterator[None]:
     """The failures a user can cause or meet: a message and an exit code, not a traceback."""
     try:
         yield
-    except grpc.RpcError as exc:
-        rpc_failure(exc)
-    except (EvalError, CatalogFileError, ExecutionFileError, IngestFileError) as exc:
-        fail(str(exc))
-    except SecurityConfigError as exc:  # TLS or token settings that cannot work
-        fail(f"security settings: {exc}")
+    except Exception as exc:
+        grpc_module = sys.modules.get("grpc")
+        if grpc_module is not None and isinstance(exc, grpc_module.RpcError):
+            rpc_failure(exc)
+        for module_name, class_name, prefix in USER_ERRORS:
+            module = sys.modules.get(module_name)
+            if module is not None and isinstance(exc, getattr(module, class_name)):
+                fail(f"{prefix}{exc}")
+        raise
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -76,10 +90,12 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 
 def rpc_failure(exc: grpc.RpcError) -> NoReturn:
+    import grpc  # type: ignore[import-untyped, unused-ignore]
+
     code = exc.code()  # type: ignore[attr-defined]
     detail = exc.details()  # type: ignore[attr-defined]
     if code == grpc.StatusCode.UNAVAILABLE:
-        fail(f"the service is unavailable ({detail}); is `make run` running?", 3)
+        fail(f"the service is unavailable: {detail}; is `make run` running?", 3)
     fail(f"{code.name}: {detail}", 2)
 
 
@@ -93,22 +109,34 @@ def _quiet_logs() -> None:
 
 @app.command()
 def run(
-    state_dir: Annotated[Path, typer.Option(help="Where data and logs go.")] = Path(".pml"),
+    state_dir: Annotated[
+        Path, typer.Option(help="Where data and logs go.", envvar="PML_RUN_STATE_DIR")
+    ] = Path(".pml"),
     demo: Annotated[bool, typer.Option(help="Load the demo catalog.")] = True,
 ) -> None:
     """Start Redis, Neo4j and every service on loopback; Ctrl-C stops them all."""
+    from pml_cli.local_stack import LocalStack, interrupt_on_signals
+    from pml_cli.run_record import RunRecord
+    from pml_common.local_runtime import LocalRuntimeError
+
     state_dir = state_dir.resolve()
     settings = Settings()
     if "PML_QDRANT_PATH" not in os.environ:  # the vector store lives with the other state
         settings = settings.model_copy(update={"qdrant_path": str(state_dir / "qdrant")})
-    stack = LocalStack(state_dir, settings)
-    interrupt_on_signals()
+    record = RunRecord(state_dir)
+    _clear_previous_run(record, state_dir)
+    stack = LocalStack(state_dir, settings, on_start=lambda p: record.add(p.name, p.pid, p.url))
+    interrupts = interrupt_on_signals()
+    record.begin()
     try:
         with err.status("starting Redis and Neo4j…"):
             stack.start_stores()
         with err.status("starting services…"):
             stack.start_services()
         if demo:
+            from pml_cli import client
+            from pml_cli.catalog_files import load_catalog
+
             tools = load_catalog(DEMO_CATALOG)
             with err.status(f"loading the demo catalog ({len(tools)} tools)…"):
                 client.register_tools(settings, settings.default_tenant, tools)
@@ -120,24 +148,78 @@ def run(
     except LocalRuntimeError as exc:
         fail(str(exc))
     except KeyboardInterrupt:
-        err.print("stopping…")
+        err.print("stopping… (Ctrl-C again to kill instead of waiting)")
     finally:
-        stack.stop()
+        interrupts.stop_now()
+        stack.stop(interrupts.hurry)
+        record.end()
+        if interrupts.hurry():
+            err.print("stopped: what had not stopped in time was killed")
+
+
+def _clear_previous_run(record: RunRecord, state_dir: Path) -> None:
+    """A run still going on this state folder: say so and stop; children a killed run left:
+    stop them, so they do not hold the ports this run needs."""
+    from pml_cli.run_record import stop_leftovers
+
+    previous = record.previous()
+    if previous.owner is not None:
+        fail(
+            f"PML is already running from {state_dir} (pid {previous.owner.pid}): "
+            f"stop it with Ctrl-C in its terminal, or `kill {previous.owner.pid}`"
+        )
+    if previous.children:
+        names = ", ".join(f"{c.name} (pid {c.pid})" for c in previous.children)
+        err.print(f"a previous run ended without stopping; stopping what it left: {names}")
+        with err.status("stopping the previous run's processes…"):
+            stop_leftovers(previous.children)
 
 
 def _print_welcome(settings: Settings, stack: LocalStack) -> None:
+    """The addresses and logs, and commands that work as printed: in this shell or a new one,
+    from this folder (uv need not be on the PATH), with the settings this run was given."""
     out.print("[bold green]PML is running.[/]")
     for proc in stack.processes:
-        out.print(f"  {proc.name:<8} {proc.url}   log: {proc.log_path}")
-    out.print(
-        "\nTry:\n"
-        '  uv run pml search "read a file"\n'
-        '  uv run pml search "take a screenshot" --context playwright:playwright_navigate\n'
-        f'  grpcurl -plaintext -d \'{{"query": "commit my changes"}}\' '
-        f"{settings.search_addr} pml.v1.SearchService/Search\n"
-        "  uv run pml publish execution docs/examples/execution.json\n"
-        "Ctrl-C stops everything."
+        out.print(f"  {proc.name:<16} {proc.url}   log: {proc.log_path}", soft_wrap=True)
+    out.print("\nTry, from this folder:")
+    for command in welcome_commands(settings):
+        out.print(f"  {command}", soft_wrap=True, markup=False, highlight=False)
+    out.print("Ctrl-C stops everything.")
+
+
+#: Settings a client command needs; printed with the commands when this run changed them.
+CLIENT_SETTINGS = ("PML_SEARCH_ADDR", "PML_PLANNER_ADDR", "PML_REDIS_URL", "PML_DEFAULT_TENANT")
+
+
+def welcome_commands(settings: Settings) -> list[str]:
+    """The commands `pml run` suggests, each runnable as printed by a shell in this folder."""
+    pml = _pml_path()
+    prefix = " ".join(
+        f"{name}={shlex.quote(os.environ[name])}" for name in CLIENT_SETTINGS if name in os.environ
     )
+    pml = f"{prefix} {pml}" if prefix else pml
+    commands = [
+        f'{pml} search "read a file"',
+        f'{pml} search "take a screenshot" --context playwright:playwright_navigate',
+        f'{pml} plan next "take a screenshot of a web page"',
+        f"{pml} publish execution docs/examples/execution.json",
+    ]
+    if shutil.which("grpcurl"):
+        commands.append(
+            f'grpcurl -plaintext -d \'{{"query": "commit my changes"}}\' '
+            f"{settings.search_addr} pml.v1.SearchService/Search"
+        )
+    return commands
+
+
+def _pml_path() -> str:
+    """The `pml` script of this environment (uv need not be on the PATH to run it), relative
+    to the current folder when it is inside it: `.venv/bin/pml`."""
+    script = Path(sys.executable).parent / "pml"
+    try:
+        return shlex.quote(str(script.relative_to(Path.cwd())))
+    except ValueError:
+        return shlex.quote(str(script))
 
 
 @catalog_app.command("load")
@@ -147,6 +229,9 @@ def catalog_load(
     tenant: TenantOpt = None,
 ) -> None:
     """Register every tool of FILE with the search service."""
+    from pml_cli import client
+    from pml_cli.catalog_files import load_catalog
+
     settings = Settings()
     with _reported():
         tools = load_catalog(file, server)
@@ -165,6 +250,8 @@ def search(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Unified search, or hybrid search with context tools when --context is given."""
+    from pml_cli import client
+
     settings = Settings()
     with _reported():
         rows = client.search(settings, tenant or settings.default_tenant, query, limit, context)
@@ -240,7 +327,7 @@ def ask(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Ask the knowledge graph: mode, paths with each edge's evidence, ranked evidence chunks."""
-    from pml_cli import ask_client
+    from pml_cli import ask_client, client
 
     settings = Settings()
     with _reported():
@@ -258,6 +345,11 @@ def publish_execution(
     tenant: TenantOpt = None,
 ) -> None:
     """Publish ExecutionCompleted events on their Redis stream."""
+    import asyncio
+
+    from pml_cli import client
+    from pml_cli.execution_files import load_executions
+
     settings = Settings()
     with _reported():
         events = load_executions(file, tenant or settings.default_tenant)
@@ -299,7 +391,7 @@ def eval_tools(
 ) -> None:
     """Tool retrieval metrics of one or several methods on DATA, through the running system."""
     from pml_cli.eval_folds import evaluate_folds
-    from pml_cli.eval_tools import evaluate_tools
+    from pml_cli.eval_tools import EvalError, evaluate_tools
 
     settings = Settings()
     with _reported():
@@ -367,6 +459,8 @@ def plan_next(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """The next tool for INTENT after the --context tools, with the ranked candidates."""
+    from pml_cli import client
+
     settings = Settings()
     _check_plan_method(method)
     with _reported():
@@ -387,6 +481,8 @@ def plan_dag(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """A whole workflow for INTENT: nodes, dependency edges and an execution order."""
+    from pml_cli import client
+
     settings = Settings()
     _check_plan_method(method)
     with _reported():
@@ -398,6 +494,8 @@ def plan_dag(
 
 
 def _check_plan_method(method: str) -> None:
+    from pml_cli import client
+
     if method not in client.PLAN_METHODS:
         fail(f"unknown method {method!r}; choose one of {', '.join(client.PLAN_METHODS)}")
 
@@ -513,6 +611,7 @@ def bench_bus(
 ) -> None:
     """Events/s through a consumer group: the project's bus against raw redis-py, same run."""
     from pml_cli.bench_bus import bench_bus as run_bench
+    from pml_common.local_runtime import LocalRuntimeError
 
     try:
         result = run_bench(events, err)
@@ -532,6 +631,7 @@ def bench_knowledge(
 ) -> None:
     """Ingestion documents/s per pass and end to end, and Ask latency, on a private system."""
     from pml_cli.bench_knowledge import bench_knowledge as run_bench
+    from pml_common.local_runtime import LocalRuntimeError
 
     try:
         with _reported():
@@ -539,6 +639,17 @@ def bench_knowledge(
     except (LocalRuntimeError, ValueError, RuntimeError) as exc:
         fail(str(exc))
     _emit(result, as_json)
+
+
+@bench_app.command("cli")
+def bench_cli(
+    runs: Annotated[int, typer.Option(min=1, help="Measured runs of each command.")] = 9,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Wall time of `pml --help` and `pml search` (needs `make run`), each a fresh process."""
+    from pml_cli.bench_cli import bench_cli as run_bench
+
+    _emit(run_bench(runs, err), as_json)
 
 
 @config_app.command("docs")
