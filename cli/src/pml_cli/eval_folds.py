@@ -13,8 +13,9 @@ sees the same split). For each fold:
   then serves the published model. The trainer's gate may reject a model (it holds back some
   executions to judge it): the evaluation measures what is served then, and `models` lists per
   fold the version served and whether the last model was admitted. The *test* fold's queries
-  are ranked through the public gRPC API. Single-pass methods (`cosine`, `dense`, ...) learn
-  nothing and rank as without folds.
+  are ranked through the public gRPC API. Single-pass methods (`cosine`, `dense`, ...) rank as
+  without folds, on the fold's tenant: `unified` and `hybrid` then also read what the trainer
+  learned from the training folds (reliability, co-use edges) when a learned method ran.
 
 Capabilities: a data set in the exchange format has none, so each distinct set of tools used
 together by a training query (two tools or more) becomes one capability, named after its tools
