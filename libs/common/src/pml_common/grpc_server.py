@@ -6,18 +6,20 @@ limits, TLS and bearer-token authentication when the settings turn them on (`grp
 and error mapping. Servicers signal bad requests by raising `RequestError` (see
 `invalid_argument`, `not_found`, `failed_precondition`); a store that is down (Neo4j
 ServiceUnavailable/SessionExpired, Redis ConnectionError/TimeoutError) becomes UNAVAILABLE, so
-clients can retry instead of seeing UNKNOWN. Anything else is logged and becomes INTERNAL.
+clients can retry instead of seeing UNKNOWN; a call to another PML service that fails becomes
+UNAVAILABLE or DEADLINE_EXCEEDED naming that service (`dependency`). Anything else is logged
+and becomes INTERNAL.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any, NoReturn
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
-import neo4j.exceptions
-import redis.exceptions
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
@@ -33,13 +35,21 @@ log = structlog.get_logger("pml_common.grpc_server")
 #: and status details travel in a trailer of limited size.
 MAX_ERROR_MESSAGE = 2000
 
-#: Store failures a client may retry: the request was fine, a dependency was not.
-UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
-    neo4j.exceptions.ServiceUnavailable,
-    neo4j.exceptions.SessionExpired,
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-)
+
+@functools.cache
+def unavailable_errors() -> tuple[type[BaseException], ...]:
+    """Store failures a client may retry: the request was fine, a dependency was not.
+    Imported on first use: clients share this module (message size options) and should not
+    load the store drivers (a second of `pml` start-up)."""
+    import neo4j.exceptions
+    import redis.exceptions
+
+    return (
+        neo4j.exceptions.ServiceUnavailable,
+        neo4j.exceptions.SessionExpired,
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+    )
 
 
 class RequestError(Exception):
@@ -63,6 +73,29 @@ def failed_precondition(message: str) -> RequestError:
     return RequestError(grpc.StatusCode.FAILED_PRECONDITION, message)
 
 
+def dependency_error(name: str, timeout_s: float, exc: grpc.aio.AioRpcError) -> RequestError:
+    """What the caller should see when `name`, a service this one calls, failed with `exc`:
+    DEADLINE_EXCEEDED when it did not answer in time, UNAVAILABLE otherwise (the request was
+    fine, retry later); never INTERNAL, since nothing is wrong with this service."""
+    code = exc.code()
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return RequestError(code, f"{name} did not answer within {timeout_s:g} s")
+    return RequestError(
+        grpc.StatusCode.UNAVAILABLE,
+        f"{name} failed ({code.name}: {exc.details()}); retry later",
+    )
+
+
+@asynccontextmanager
+async def dependency(name: str, timeout_s: float) -> AsyncIterator[None]:
+    """Around calls to the service `name` (made with `timeout=timeout_s`): their failure
+    becomes this service's UNAVAILABLE or DEADLINE_EXCEEDED naming `name`."""
+    try:
+        yield
+    except grpc.aio.AioRpcError as exc:
+        raise dependency_error(name, timeout_s, exc) from exc
+
+
 def check_deadline(context: grpc.aio.ServicerContext) -> None:
     """Raise DEADLINE_EXCEEDED when the caller's deadline has passed (call between steps of
     long work, so it is not done for a caller that has already given up)."""
@@ -75,7 +108,14 @@ async def _abort_for(exc: Exception, context: grpc.aio.ServicerContext, method: 
     """Turn an exception escaping a servicer into the status the caller should see."""
     if isinstance(exc, RequestError):
         await context.abort(exc.code, _shortened(exc.message))
-    if isinstance(exc, UNAVAILABLE_ERRORS):
+    if isinstance(exc, grpc.aio.AioRpcError):
+        # A call to another service nobody wrapped in `dependency`: still not this one's fault.
+        log.warning("grpc.dependency_failed", method=method, code=exc.code().name)
+        await context.abort(
+            grpc.StatusCode.UNAVAILABLE,
+            _shortened(f"a service this one calls failed ({exc.code().name}: {exc.details()})"),
+        )
+    if isinstance(exc, unavailable_errors()):
         log.warning("grpc.store_unavailable", method=method, error=f"{type(exc).__name__}: {exc}")
         await context.abort(
             grpc.StatusCode.UNAVAILABLE,

@@ -13,6 +13,7 @@ import grpc  # type: ignore[import-untyped, unused-ignore]
 import structlog
 
 from pml.v1 import scorer_pb2, scorer_pb2_grpc, search_pb2, search_pb2_grpc
+from pml_common.grpc_server import dependency
 from pml_planner.planning import Candidate
 
 log = structlog.get_logger(__name__)
@@ -59,9 +60,11 @@ class TargetSource:
     async def _searched(
         self, tenant: str, intent: str, limit: int, kind: search_pb2.NodeKind.ValueType
     ) -> list[Candidate]:
-        """Unified search's order of one kind of node, scored by its final score."""
-        reply = await self._search.Search(
-            search_pb2.SearchRequest(tenant_id=tenant, query=intent, limit=limit, kinds=[kind]),
-            timeout=self._timeout,
-        )
+        """Unified search's order of one kind of node, scored by its final score. Search is
+        the planner's last resort: when it fails, the caller learns that search did."""
+        async with dependency("search", self._timeout):
+            reply = await self._search.Search(
+                search_pb2.SearchRequest(tenant_id=tenant, query=intent, limit=limit, kinds=[kind]),
+                timeout=self._timeout,
+            )
         return [Candidate(r.id, r.final_score) for r in reply.results]
