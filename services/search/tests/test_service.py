@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import grpc
 import neo4j
 import pytest
+import redis.asyncio as aioredis
 
 from pml.v1 import common_pb2, search_pb2, search_pb2_grpc
 from pml_common.events import GraphChanged, ToolSpec, ToolsRegistered
+from pml_common.settings import Settings
 from pml_common.testing import eventually
 from pml_search.catalog_index import TOOL
 from pml_search.main import SearchApp
@@ -295,7 +298,7 @@ async def test_search_tools_with_context_uses_graph(
     [
         ({"query": ""}, "query"),
         ({"query": "  \t "}, "query"),
-        ({"query": "x" * 2001}, "2000"),
+        ({"query": "x" * 100_001}, "the maximum is 100000"),
         ({"query": "read", "limit": -1}, "limit"),
         ({"query": "read", "limit": 101}, "limit"),
         ({"query": "read", "kinds": [7]}, "kinds"),
@@ -347,12 +350,19 @@ async def test_search_tools_unknown_context_is_not_found_naming_ids(
     ("bad", "fragment"),
     [
         (common_pb2.Tool(id="no_server_part", name="x"), "<server>:<tool>"),
-        (common_pb2.Tool(id="fs:has space", name="x"), "<server>:<tool>"),
+        (common_pb2.Tool(id="fs:has\ttab", name="x"), "control characters"),
+        (common_pb2.Tool(id="fs :spaced", name="x"), "spaces around"),
+        (
+            common_pb2.Tool(
+                id="fs:deep", name="d", input_schema_json='{"a":' * 300 + "1" + "}" * 300
+            ),
+            "nested deeper than 64 levels",
+        ),
         (common_pb2.Tool(id="fs:nameless", name="  "), "name must not be empty"),
         (common_pb2.Tool(id="fs:x", server="other", name="x"), "does not match"),
         (common_pb2.Tool(id="fs:y", name="y", input_schema_json="[1"), "input_schema_json"),
         (common_pb2.Tool(id="filesystem:read_file", name="dup"), "more than once"),
-        (common_pb2.Tool(id="fs:" + "x" * 600, name="x"), "at most 512 characters"),
+        (common_pb2.Tool(id="fs:" + "x" * 600, name="x"), "longer than 512 characters"),
         (
             common_pb2.Tool(id="fs:z", name="z", input_schema_json='{"a":' * 200_000),
             "input_schema_json is longer than 100000",
@@ -519,3 +529,60 @@ async def test_events_index_and_rpc_work_is_not_redone(
     changed = tool_entry(tenant, spec.model_copy(update={"description": "Post to Slack"}))
     assert (await app.catalog.index(tenant, TOOL, [changed])).indexed == 1
     assert (await app.catalog.index(tenant, TOOL, [changed])).indexed == 0
+
+
+REAL_NAMES = [
+    # Ids keep the servers' real names: spaces, dots, any script.
+    ("MCP Jupiter:jupiter_get_quote", "MCP Jupiter", "Get a swap quote for two Solana tokens."),
+    ("pure.md MCP server:unblock-url", "pure.md MCP server", "Fetch a web page as markdown."),
+    ("Яндекс Трекер:создать_задачу", "Яндекс Трекер", "Создать задачу в трекере."),
+    # A server name holding the separator, which its id spells another way.
+    (
+        "Peekaboo MCP - Lightning-fast macOS Screenshots:image",
+        "Peekaboo MCP: Lightning-fast macOS Screenshots",
+        "Capture a screenshot of the macOS screen or of one window.",
+    ),
+]
+
+
+async def test_real_server_names_register_and_a_pasted_intent_searches(
+    stub: search_pb2_grpc.SearchServiceStub, tenant: str, settings: Settings
+) -> None:
+    batch = [
+        common_pb2.Tool(id=i, server=s, name=i.partition(":")[2], description=d)
+        for i, s, d in REAL_NAMES
+    ]
+    reply = await stub.RegisterTools(
+        search_pb2.RegisterToolsRequest(tenant_id=tenant, tools=batch), timeout=60
+    )
+    assert reply.registered == len(REAL_NAMES)
+    for tool_id, server, _ in REAL_NAMES:
+        node = await stub.GetNode(search_pb2.GetNodeRequest(tenant_id=tenant, id=tool_id))
+        assert (node.id, node.server) == (tool_id, server)
+    # An intent of 18,000+ characters (a pasted image) is accepted; its start is what is embedded.
+    pasted = "take a screenshot of the screen " + "iVBORw0KGgoAAAANSUhEUgAA" * 760
+    assert len(pasted) > 18_000
+    found = await search_ids(stub, tenant, pasted, limit=2)
+    assert found[0] == REAL_NAMES[3][0]
+    context = await stub.SearchTools(
+        search_pb2.SearchToolsRequest(
+            tenant_id=tenant, query=pasted, context_tools=[REAL_NAMES[0][0]], limit=2
+        ),
+        timeout=30,
+    )
+    assert context.tools
+    # ...and travels in the registration event as registered.
+    rows = await app_redis_events(settings, reply.event_ids[0])
+    assert [t["id"] for t in rows["tools"]] == [i for i, _, _ in REAL_NAMES]
+
+
+async def app_redis_events(settings: Settings, entry_id: str) -> dict[str, Any]:
+    """The ToolsRegistered event of stream entry `entry_id`, as it stands in its stream."""
+    client = aioredis.Redis.from_url(settings.redis_url)
+    try:
+        entries = await client.xrange(ToolsRegistered.STREAM, min=entry_id, max=entry_id)
+    finally:
+        await client.aclose()
+    assert entries, f"entry {entry_id} not in {ToolsRegistered.STREAM}"
+    body: dict[str, Any] = json.loads(entries[0][1][b"data"])
+    return body

@@ -5,11 +5,14 @@ JSON in its `data` field, with the publisher's trace context in `event.trace`. A
 consumes its stream in a consumer group, at least once:
 
 - the handler runs in a CONSUMER span whose parent is the publisher's span;
-- an event id already handled by the group is skipped (marked only after the handler succeeds);
-- a payload that can never be handled (`EventRejected`) goes to the dead-letter stream, acked;
+- an event id already handled by the group for the same tenant is skipped (marked only after
+  the handler succeeds; ids are unique per tenant, so two tenants' events never collide);
+- a payload that can never be handled (`EventRejected`, or any other failure to decode it)
+  goes to the dead-letter stream with its reason, acked, and the rest of its batch goes on;
 - a handler that raises leaves the entry pending; the reclaimer (XAUTOCLAIM after
   `reclaim_idle_ms`) redelivers it, also when the consumer that read it died; at
-  `max_deliveries` it is dead-lettered with the exception text and acked;
+  `max_deliveries` it is dead-lettered with the exception text and acked (checked before the
+  entry is decoded, so the limit holds even for a batch that fails as a whole);
 - a group that vanished (Redis flushed or restarted empty) is recreated and consuming resumes.
 
 Entries are read and handled in batches of up to `_BATCH`, in stream order: one MGET asks which
@@ -35,6 +38,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +55,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import BaseModel, ValidationError
 from redis.exceptions import RedisError, ResponseError
 
+from pml_common import redis_keys
 from pml_common.events import Event, EventRejected, Streams, parse_event
 from pml_common.settings import Settings, redis_credentials
 from pml_common.telemetry import extract_trace, inject_trace
@@ -430,25 +435,43 @@ class EventBus:
         started = time.monotonic()
         slow_after_s = self._settings.reclaim_idle_ms / 1000 / 4
         writes = _Writes()
-        decoded = [self._decode(sub, entry_id, fields, writes) for entry_id, fields in entries]
-        todo = [entry for entry in decoded if entry is not None]
         if reclaimed:
-            todo = [entry for entry in todo if not await self._exhausted(sub, entry, writes)]
+            # Before anything else can fail: whatever keeps a batch from being handled, an entry
+            # delivered too often leaves the stream here.
+            entries = [e for e in entries if not await self._exhausted(sub, *e, writes)]
+            await self._flush(sub, writes)  # written now: the rest of the batch may still fail
+        decoded = [
+            self._decode_safely(sub, entry_id, fields, writes) for entry_id, fields in entries
+        ]
+        todo = [entry for entry in decoded if entry is not None]
         handled = await self._already_handled(sub, todo)
         for entry in todo:
             if time.monotonic() - started > slow_after_s:
                 await self._flush(sub, writes)
                 handled |= await self._already_handled(sub, [entry])
-            if entry.event.event_id in handled:
+            if _identity(entry) in handled:
                 log.debug("bus.duplicate_skipped", group=sub.group, event_id=entry.event.event_id)
                 writes.acks.append(entry.entry_id)
                 continue
             if await self._run_handler(sub, entry, writes):
                 if sub.dedupe:
-                    writes.marks.append(self._dedupe_key(sub, entry.event.event_id))
-                    handled.add(entry.event.event_id)
+                    writes.marks.append(self._dedupe_key(sub, entry.event))
+                    handled.add(_identity(entry))
                 writes.acks.append(entry.entry_id)
         await self._flush(sub, writes)
+
+    def _decode_safely(
+        self, sub: _Subscription, entry_id: bytes, fields: dict[bytes, bytes], writes: _Writes
+    ) -> _Entry | None:
+        """`_decode`, with any failure, foreseen or not, dead-lettering the entry: one entry
+        that cannot be decoded never holds back the others of its batch."""
+        try:
+            return self._decode(sub, entry_id, fields, writes)
+        except Exception as exc:
+            payload = fields.get(_EVENT_FIELD_B, b"")
+            reason = f"cannot decode the entry: {type(exc).__name__}: {exc}"
+            writes.reject(sub, entry_id, _guess_event_id(payload), reason, _text(payload))
+            return None
 
     def _decode(
         self, sub: _Subscription, entry_id: bytes, fields: dict[bytes, bytes], writes: _Writes
@@ -471,13 +494,16 @@ class EventBus:
             return None
         return _Entry(entry_id, event, payload)
 
-    async def _already_handled(self, sub: _Subscription, entries: Sequence[_Entry]) -> set[str]:
-        """Event ids of `entries` the group has handled before (one MGET)."""
+    async def _already_handled(
+        self, sub: _Subscription, entries: Sequence[_Entry]
+    ) -> set[tuple[str, str]]:
+        """(tenant, event id) of `entries` the group has handled before (one MGET)."""
         if not sub.dedupe or not entries:
             return set()
-        ids = [entry.event.event_id for entry in entries]
-        marks = await self._redis.mget([self._dedupe_key(sub, event_id) for event_id in ids])
-        return {event_id for event_id, mark in zip(ids, marks, strict=True) if mark is not None}
+        marks = await self._redis.mget([self._dedupe_key(sub, entry.event) for entry in entries])
+        return {
+            _identity(entry) for entry, mark in zip(entries, marks, strict=True) if mark is not None
+        }
 
     async def _run_handler(self, sub: _Subscription, entry: _Entry, writes: _Writes) -> bool:
         """Run the handler in a span continuing the publisher's trace; True on success."""
@@ -528,14 +554,18 @@ class EventBus:
             error=error,
         )
 
-    async def _exhausted(self, sub: _Subscription, entry: _Entry, writes: _Writes) -> bool:
-        """Dead-letter a reclaimed entry delivered too often without any handler verdict
-        (its consumers died while handling it: a poison message that kills processes)."""
-        deliveries = await self._deliveries(sub, entry.entry_id)
+    async def _exhausted(
+        self, sub: _Subscription, entry_id: bytes, fields: dict[bytes, bytes], writes: _Writes
+    ) -> bool:
+        """Dead-letter a reclaimed entry delivered too often without any verdict: its consumers
+        died while handling it (a poison message that kills processes), or its batch failed
+        every time before reaching its handler."""
+        deliveries = await self._deliveries(sub, entry_id)
         if deliveries <= self._settings.max_deliveries:
             return False
+        payload = fields.get(_EVENT_FIELD_B, b"")
         reason = f"delivered {deliveries} times without being handled (consumers died?)"
-        writes.reject(sub, entry.entry_id, entry.event.event_id, reason, _text(entry.payload))
+        writes.reject(sub, entry_id, _guess_event_id(payload), reason, _text(payload))
         return True
 
     async def _flush(self, sub: _Subscription, writes: _Writes) -> None:
@@ -573,8 +603,8 @@ class EventBus:
         )
         return int(rows[0]["times_delivered"]) if rows else 0
 
-    def _dedupe_key(self, sub: _Subscription, event_id: str) -> str:
-        return f"pml:dedupe:{sub.group}:{event_id}"
+    def _dedupe_key(self, sub: _Subscription, event: Event) -> str:
+        return redis_keys.dedupe(sub.group, event.tenant_id, event.event_id)
 
     async def _ensure_group(self, sub: _Subscription) -> bool:
         """Create the group if missing; True when it had to be created.
@@ -658,12 +688,22 @@ def _span_attributes(stream: str, event: Event) -> dict[str, str]:
     }
 
 
+_EVENT_ID_TEXT = re.compile(rb'"event_id"\s*:\s*"([^"\\]{1,128})"')
+
+
+def _identity(entry: _Entry) -> tuple[str, str]:
+    """What makes an event a repeat of another: its id within its tenant."""
+    return entry.event.tenant_id, entry.event.event_id
+
+
 def _guess_event_id(payload: bytes) -> str | None:
     """The `event_id` of a rejected payload, when it has a usable one (for the dead letter)."""
     try:
         data = json.loads(payload)
-    except ValueError:
-        return None
+    except (ValueError, RecursionError):
+        # Not decodable (broken, nested too deeply): the first `"event_id": "…"` it spells.
+        found = _EVENT_ID_TEXT.search(payload)
+        return found.group(1).decode("utf-8", errors="replace") if found else None
     event_id = data.get("event_id") if isinstance(data, dict) else None
     return event_id if isinstance(event_id, str) and event_id else None
 

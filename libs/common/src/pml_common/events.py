@@ -13,12 +13,32 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-TOOL_ID_PATTERN = r"^[^:\s]+:[^\s]+$"
+from pml_common import input_rules
 
-NonEmpty = Annotated[str, Field(min_length=1, max_length=512)]
-ToolId = Annotated[str, Field(pattern=TOOL_ID_PATTERN, max_length=512)]
+
+def _tenant(value: str) -> str:
+    clean = input_rules.tenant(value)
+    if not clean:  # the publisher resolved the default tenant; a blank one is a broken event
+        raise input_rules.InputError("tenant_id must not be blank")
+    return clean
+
+
+# The rules of `pml_common.input_rules`, the same the gRPC requests follow; a pydantic
+# `max_length` first refuses a huge value before a validator reads it.
+NonEmpty = Annotated[str, Field(min_length=1, max_length=input_rules.MAX_ID_CHARS)]
+Id = Annotated[
+    str,
+    Field(max_length=input_rules.MAX_ID_CHARS),
+    AfterValidator(lambda v: input_rules.node_id(v, field="id")),
+]
+ToolId = Annotated[
+    str,
+    Field(max_length=input_rules.MAX_ID_CHARS),
+    AfterValidator(lambda v: input_rules.tool_id(v, field="tool id")),
+]
+TenantId = Annotated[str, Field(max_length=input_rules.MAX_ID_CHARS * 2), AfterValidator(_tenant)]
 
 
 def new_event_id() -> str:
@@ -58,18 +78,27 @@ class Event(BaseModel):
     VERSION: ClassVar[int] = 1
     STREAM: ClassVar[str]
 
-    event_id: str = Field(default_factory=new_event_id, min_length=1, max_length=128)
+    # Required: a redelivered entry must carry the same id, or it would count twice
+    # (`create` makes one for events built in code).
+    event_id: Annotated[
+        str,
+        Field(max_length=input_rules.MAX_EVENT_ID_CHARS),
+        AfterValidator(input_rules.event_id),
+    ]
     type: str
     version: int
-    occurred_at: datetime = Field(default_factory=utcnow)
-    tenant_id: NonEmpty = "default"
+    occurred_at: Annotated[datetime, AfterValidator(input_rules.occurred_at)] = Field(
+        default_factory=utcnow
+    )
+    tenant_id: TenantId = "default"
     trace: dict[str, str] = Field(
         default_factory=dict, description="W3C trace context (traceparent, tracestate)."
     )
 
     @classmethod
     def create(cls, **fields: Any) -> Any:
-        """Build the event with its type and version filled in."""
+        """Build the event with its type, version and (unless given) a new event id filled in."""
+        fields.setdefault("event_id", new_event_id())
         return cls(type=cls.TYPE, version=cls.VERSION, **fields)
 
     def to_json(self) -> str:
@@ -83,28 +112,35 @@ class ToolSpec(BaseModel):
     server: NonEmpty
     name: NonEmpty
     description: str = Field("", max_length=20_000)
-    input_schema: dict[str, Any] | None = None
+    input_schema: Annotated[dict[str, Any] | None, AfterValidator(input_rules.input_schema)] = None
+
+    @model_validator(mode="after")
+    def _server_matches_id(self) -> ToolSpec:
+        problem = input_rules.server_problem(self.server, self.id)
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 class CapabilitySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    id: NonEmpty
+    id: Id
     name: NonEmpty
     description: str = Field("", max_length=20_000)
     tools: list[ToolId] = Field(default_factory=list, max_length=1000)
-    capabilities: list[NonEmpty] = Field(default_factory=list, max_length=1000)
+    capabilities: list[Id] = Field(default_factory=list, max_length=1000)
     source: Literal["observed", "inferred", "template"] = "observed"
 
 
 class ExecutionStep(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    node_id: NonEmpty = Field(description="Tool id, or capability id for a nested capability.")
+    node_id: Id = Field(description="Tool id, or capability id for a nested capability.")
     success: bool
     duration_ms: float = Field(0.0, ge=0)
     error: str | None = Field(None, max_length=4000)
-    depends_on: list[NonEmpty] = Field(
+    depends_on: list[Id] = Field(
         default_factory=list,
         max_length=1000,
         description="Node ids of earlier steps whose output this step used (dependency edges).",
@@ -129,12 +165,12 @@ class ExecutionCompleted(Event):
     TYPE: ClassVar[str] = "ExecutionCompleted"
     STREAM: ClassVar[str] = Streams.EXECUTION_COMPLETED
     type: Literal["ExecutionCompleted"]
-    intent: str = Field(min_length=1, max_length=4000)
+    intent: Annotated[str, AfterValidator(input_rules.intent)] = Field(
+        max_length=input_rules.MAX_INTENT_CHARS
+    )
     steps: list[ExecutionStep] = Field(min_length=1, max_length=1000)
     outcome: Literal["success", "failure", "partial"]
-    capability_id: str | None = Field(
-        None, max_length=512, description="Capability the run executed, if any."
-    )
+    capability_id: Id | None = Field(None, description="Capability the run executed, if any.")
 
 
 class GraphChanged(Event):
@@ -170,7 +206,7 @@ class DocumentSubmitted(Event):
     TYPE: ClassVar[str] = "DocumentSubmitted"
     STREAM: ClassVar[str] = Streams.DOCUMENT_SUBMITTED
     type: Literal["DocumentSubmitted"]
-    document_id: NonEmpty
+    document_id: Id
     title: str = Field("", max_length=2000)
     text: str = Field(max_length=5_000_000)
     format: Literal["markdown", "text"] = "markdown"
@@ -180,7 +216,7 @@ class DocumentDeleted(Event):
     TYPE: ClassVar[str] = "DocumentDeleted"
     STREAM: ClassVar[str] = Streams.DOCUMENT_DELETED
     type: Literal["DocumentDeleted"]
-    document_id: NonEmpty
+    document_id: Id
 
 
 class ChunkPayload(BaseModel):
@@ -198,7 +234,7 @@ class ChunksExtracted(Event):
     TYPE: ClassVar[str] = "ChunksExtracted"
     STREAM: ClassVar[str] = Streams.CHUNKS_EXTRACTED
     type: Literal["ChunksExtracted"]
-    document_id: NonEmpty
+    document_id: Id
     chunks: list[ChunkPayload]
     submitted_at: datetime | None = Field(
         None,
@@ -208,7 +244,7 @@ class ChunksExtracted(Event):
 
 
 class _PassCompleted(Event):
-    document_id: NonEmpty
+    document_id: Id
     content_hash: str = ""
 
 
@@ -279,6 +315,8 @@ def parse_event(payload: str | bytes | dict[str, Any]) -> Event:
             data = json.loads(payload)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise EventRejected(f"payload is not JSON: {exc}") from exc
+        except RecursionError as exc:  # the decoder recurses once per level of nesting
+            raise EventRejected("payload is nested too deeply to decode") from exc
     else:
         data = payload
     if not isinstance(data, dict):
@@ -298,6 +336,8 @@ def parse_event(payload: str | bytes | dict[str, Any]) -> Event:
         return schema.model_validate(data)
     except ValidationError as exc:
         raise EventRejected(f"invalid {event_type} v{version}: {_summarise(exc)}") from exc
+    except RecursionError as exc:
+        raise EventRejected(f"invalid {event_type} v{version}: nested too deeply") from exc
 
 
 def _summarise(exc: ValidationError) -> str:

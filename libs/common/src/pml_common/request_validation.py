@@ -4,22 +4,34 @@ A tenant id, a free text (a query, an intent) and a result count mean the same t
 service, so they are checked, defaulted and reported alike. Each function returns the clean
 value or raises `RequestError` (via `invalid_argument`) with a message naming the field and what
 is wrong. Rules of one service's own fields stay in that service's `validation` module.
+What an id, a tenant or an intent may be is `pml_common.input_rules`, which events follow too.
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from opentelemetry import trace
 
+from pml_common import input_rules
 from pml_common.grpc_server import invalid_argument
 from pml_common.settings import Settings
 
 #: Longest id a request may name (tenant ids, node ids).
-MAX_TEXT = 512
+MAX_TEXT = input_rules.MAX_ID_CHARS
 #: How many results a count of 0 (the proto default) asks for, capped by `max_limit`.
 DEFAULT_LIMIT = 10
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+_T = TypeVar("_T")
+
+
+def checked(rule: Callable[[], _T]) -> _T:
+    """`rule()`'s clean value; its `InputError` becomes INVALID_ARGUMENT with the same words."""
+    try:
+        return rule()
+    except input_rules.InputError as exc:
+        raise invalid_argument(str(exc)) from exc
 
 
 def tenant_of(tenant_id: str, settings: Settings) -> str:
@@ -30,26 +42,39 @@ def tenant_of(tenant_id: str, settings: Settings) -> str:
     an id and would garble the logs that quote it. Every handler names its tenant here, so the
     request's server span is tagged with it (`pml.tenant_id`) for every RPC alike.
     """
-    tenant = tenant_id.strip()
-    if len(tenant) > MAX_TEXT:
-        raise invalid_argument(f"tenant_id is longer than {MAX_TEXT} characters")
-    if _CONTROL.search(tenant):
-        raise invalid_argument("tenant_id must not hold control characters")
-    tenant = tenant or settings.default_tenant
+    tenant = checked(lambda: input_rules.tenant(tenant_id)) or settings.default_tenant
     trace.get_current_span().set_attribute("pml.tenant_id", tenant)
     return tenant
 
 
 def text_of(text: str, settings: Settings, field: str) -> str:
-    """A query or intent: not blank, at most `max_query_chars` long; returned stripped."""
-    value = text.strip()
-    if not value:
-        raise invalid_argument(f"{field} must not be empty")
-    if len(text) > settings.max_query_chars:
+    """A query or intent: not blank, at most `max_query_chars` long; returned stripped.
+
+    Long texts are accepted (agents paste documents into intents); what is embedded of them is
+    cut to `embed_query_max_chars` by the embedder.
+    """
+    return checked(
+        lambda: input_rules.intent(text, field=field, max_chars=settings.max_query_chars)
+    )
+
+
+def node_id_of(node_id: str, field: str = "id") -> str:
+    """A node id a request names, stripped: not blank, bounded, no control characters."""
+    return checked(lambda: input_rules.node_id(node_id.strip(), field=field))
+
+
+def context_tools_of(ids: Sequence[str], most: int, field: str = "context_tools") -> list[str]:
+    """Tool ids a request gives as context (SearchTools' and PredictNext's alike), in order."""
+    if len(ids) > most:
+        raise invalid_argument(f"{field} holds {len(ids)} ids; the maximum is {most}")
+    bad = [i for i in ids if not input_rules.is_tool_id(i)]
+    if bad:
+        shown = ", ".join(repr(v if len(v) <= 80 else v[:80] + "…") for v in bad[:10])
         raise invalid_argument(
-            f"{field} is {len(text)} characters long; the maximum is {settings.max_query_chars}"
+            f"{field} must be tool ids '<server>:<tool>' (at most {MAX_TEXT} characters, no "
+            f"control characters); invalid: {shown}{' ...' if len(bad) > 10 else ''}"
         )
-    return value
+    return list(ids)
 
 
 def limit_of(value: int, settings: Settings, field: str = "limit") -> int:

@@ -200,7 +200,17 @@ class Settings(BaseSettings):
 
     # --- search -------------------------------------------------------------------------------
     default_tenant: str = Field("default", description="Tenant used when a request names none.")
-    max_query_chars: int = Field(2000, ge=1, description="Longest accepted query.")
+    max_query_chars: int = Field(
+        100_000,
+        ge=1,
+        le=100_000,
+        description="Longest accepted query or intent (agents paste whole documents in them).",
+    )
+    embed_query_max_chars: int = Field(
+        2000,
+        ge=1,
+        description="Characters of a query or intent that are embedded; the rest is cut off.",
+    )
     max_limit: int = Field(100, ge=1, description="Largest `limit` / `k` accepted.")
     candidate_pool: int = Field(
         50, ge=1, description="Semantic candidates generated before graph re-ranking."

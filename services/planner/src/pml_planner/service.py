@@ -7,14 +7,14 @@ rejected one still carries what was computed, with `accepted = false` and the re
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
 from opentelemetry import trace
 
 from pml.v1 import planner_pb2, planner_pb2_grpc
 from pml_common.grpc_server import invalid_argument
-from pml_common.request_validation import MAX_TEXT, tenant_of, text_of
+from pml_common.request_validation import context_tools_of, tenant_of, text_of
 from pml_common.settings import Settings
 from pml_planner.outcomes import SuggestionMemory
 from pml_planner.planning import (
@@ -189,13 +189,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         return tenant, text, chosen
 
 
-def _context_tools(tools: Iterable[str]) -> list[str]:
-    values = [t.strip() for t in tools]
-    if len(values) > MAX_CONTEXT:
-        raise invalid_argument(f"context_tools has {len(values)} entries; at most {MAX_CONTEXT}")
-    if any(not v or len(v) > MAX_TEXT for v in values):
-        raise invalid_argument(f"context_tools entries must be 1 to {MAX_TEXT} characters")
-    return values
+def _context_tools(tools: Sequence[str]) -> list[str]:
+    # The rules of SearchTools' context tools: the tools named are looked up in the same graph.
+    return context_tools_of(tools, MAX_CONTEXT)
 
 
 def _annotate(method: str, target: str, confidence: float, accepted: bool) -> None:

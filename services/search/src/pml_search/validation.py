@@ -7,17 +7,20 @@ message naming the field and what is wrong, so a caller can fix the request from
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from pml.v1 import common_pb2, search_pb2
-from pml_common.events import TOOL_ID_PATTERN, CapabilitySpec, ToolSpec
+from pml_common import input_rules
+from pml_common.events import CapabilitySpec, ToolSpec
+from pml_common.first_stage import schema_fields
 from pml_common.grpc_server import invalid_argument
 from pml_common.request_validation import MAX_TEXT, text_of
+from pml_common.request_validation import context_tools_of as shared_context_tools_of
 from pml_common.request_validation import limit_of as limit_of  # shared: re-exported
+from pml_common.request_validation import node_id_of as node_id_of  # shared: re-exported
 from pml_common.request_validation import tenant_of as tenant_of  # shared: re-exported
 from pml_common.settings import Settings
 from pml_search.catalog_index import CAPABILITY, TOOL, CatalogEntry
@@ -28,7 +31,6 @@ MAX_BATCH = 50_000
 MAX_SCHEMA_CHARS = 100_000
 #: Most tools, and most sub-capabilities, one capability may name (as `CapabilitySpec` allows).
 MAX_MEMBERS = 1000
-_TOOL_ID = re.compile(TOOL_ID_PATTERN)
 
 KIND_OF_ENUM: dict[int, str] = {
     search_pb2.NODE_KIND_TOOL: TOOL,
@@ -69,27 +71,8 @@ def min_score_of(value: float) -> float:
     return value if value > 0 else -1.0
 
 
-def node_id_of(node_id: str) -> str:
-    value = node_id.strip()
-    if not value:
-        raise invalid_argument("id must not be empty")
-    if len(value) > MAX_TEXT:
-        raise invalid_argument(f"id is longer than {MAX_TEXT} characters")
-    return value
-
-
 def context_tools_of(ids: Sequence[str], settings: Settings) -> list[str]:
-    if len(ids) > settings.max_limit:
-        raise invalid_argument(
-            f"context_tools holds {len(ids)} ids; the maximum is {settings.max_limit}"
-        )
-    bad = [i for i in ids if not _is_tool_id(i)]
-    if bad:
-        raise invalid_argument(
-            f"context_tools must be tool ids '<server>:<tool>' (at most {MAX_TEXT} characters); "
-            f"invalid: {_names(bad)}"
-        )
-    return list(dict.fromkeys(ids))
+    return list(dict.fromkeys(shared_context_tools_of(ids, settings.max_limit)))
 
 
 def tool_specs_of(tools: Sequence[common_pb2.Tool]) -> list[ToolSpec]:
@@ -135,7 +118,7 @@ def _validated_batch(
 def _tool_spec(tool: common_pb2.Tool) -> ToolSpec:
     return ToolSpec(
         id=tool.id,
-        server=tool.server or tool.id.split(":", 1)[0],
+        server=tool.server or input_rules.server_of(tool.id),
         name=tool.name.strip(),
         description=tool.description,
         input_schema=_schema_of(tool.input_schema_json),
@@ -161,6 +144,7 @@ def tool_entry(tenant: str, spec: ToolSpec) -> CatalogEntry:
         name=spec.name,
         server=spec.server,
         description=spec.description,
+        fields=schema_fields(spec.input_schema),
     )
 
 
@@ -176,13 +160,14 @@ def capability_entry(tenant: str, spec: CapabilitySpec) -> CatalogEntry:
 
 
 def _tool_problem(tool: common_pb2.Tool, seen: set[str]) -> str | None:
-    if not _is_tool_id(tool.id):
-        return f"id must be '<server>:<tool>' without spaces (at most {MAX_TEXT} characters)"
+    problem = input_rules.tool_id_problem(tool.id)
+    if problem:
+        return f"id {problem}"
     if tool.id in seen:
         return "id appears more than once in the batch"
-    server = tool.id.split(":", 1)[0]
-    if tool.server and tool.server != server:
-        return f"server {tool.server!r} does not match the id's server {server!r}"
+    problem = input_rules.server_problem(tool.server, tool.id) if tool.server else None
+    if problem:
+        return problem
     if not tool.name.strip():
         return "name must not be empty"
     if len(tool.name) > MAX_TEXT:
@@ -193,17 +178,19 @@ def _tool_problem(tool: common_pb2.Tool, seen: set[str]) -> str | None:
         return f"input_schema_json is longer than {MAX_SCHEMA_CHARS} characters"
     if tool.input_schema_json:
         try:
-            _schema_of(tool.input_schema_json)
+            schema = _schema_of(tool.input_schema_json)
         except ValueError as exc:
             return f"input_schema_json is not a JSON object: {exc}"
         except RecursionError:
             return "input_schema_json is nested too deeply"
+        if input_rules.json_depth(schema) > input_rules.MAX_SCHEMA_DEPTH:
+            return f"input_schema_json is nested deeper than {input_rules.MAX_SCHEMA_DEPTH} levels"
     return None
 
 
 def _capability_problem(cap: common_pb2.Capability, seen: set[str]) -> str | None:
-    if not cap.id.strip() or len(cap.id) > MAX_TEXT:
-        return "id must not be empty (at most 512 characters)"
+    if not cap.id.strip() or len(cap.id) > MAX_TEXT or input_rules.has_control(cap.id):
+        return f"id must not be empty (at most {MAX_TEXT} characters, no control characters)"
     if cap.id in seen:
         return "id appears more than once in the batch"
     if not cap.name.strip():
@@ -214,11 +201,13 @@ def _capability_problem(cap: common_pb2.Capability, seen: set[str]) -> str | Non
         return f"description is longer than {MAX_DESCRIPTION} characters"
     if len(cap.tools) > MAX_MEMBERS or len(cap.capabilities) > MAX_MEMBERS:
         return f"a capability names at most {MAX_MEMBERS} tools and {MAX_MEMBERS} capabilities"
-    bad_tools = [t for t in cap.tools if not _is_tool_id(t)]
+    bad_tools = [t for t in cap.tools if not input_rules.is_tool_id(t)]
     if bad_tools:
         return f"tools must be tool ids '<server>:<tool>'; invalid: {_names(bad_tools)}"
-    if any(not c.strip() or len(c) > MAX_TEXT for c in cap.capabilities):
-        return f"capabilities must hold ids of 1 to {MAX_TEXT} characters"
+    if any(
+        not c.strip() or len(c) > MAX_TEXT or input_rules.has_control(c) for c in cap.capabilities
+    ):
+        return f"capabilities must hold ids of 1 to {MAX_TEXT} characters, no control characters"
     if cap.id in cap.capabilities:
         return "a capability cannot contain itself"
     return None
@@ -247,10 +236,6 @@ def _raise_problems(problems: list[str]) -> None:
     more = len(problems) - 10
     suffix = f" (+{more} more)" if more > 0 else ""
     raise invalid_argument(f"nothing was registered: {shown}{suffix}")
-
-
-def _is_tool_id(value: str) -> bool:
-    return len(value) <= MAX_TEXT and _TOOL_ID.match(value) is not None
 
 
 def _short(value: str, chars: int = 80) -> str:

@@ -17,7 +17,6 @@ catalog; the store merges them with `statistics.merge_cold_start` (never over ev
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -29,7 +28,7 @@ import structlog
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from pml_common.events import TOOL_ID_PATTERN
+from pml_common.input_rules import is_tool_id
 from pml_trainer.statistics import EdgeKey, EdgeState, merge_cold_start
 
 log = structlog.get_logger(__name__)
@@ -84,8 +83,6 @@ class ColdStartPlan:
 
 # --- workflow templates ----------------------------------------------------------------------
 
-_TOOL_ID = re.compile(TOOL_ID_PATTERN)
-
 
 class Template(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -99,7 +96,7 @@ class Template(BaseModel):
     def _tool_ids(cls, edges: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
         for a, b in edges:
             for tool in (a, b):
-                if not _TOOL_ID.match(tool):
+                if not is_tool_id(tool):
                     raise ValueError(f"{tool!r} is not a tool id of the form server:tool")
         return edges
 

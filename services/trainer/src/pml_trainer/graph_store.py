@@ -20,7 +20,6 @@ transaction with the `AppliedEvent` record of the event, so a redelivered event 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,7 +27,8 @@ from typing import Any, TypeVar
 
 import neo4j
 
-from pml_common.events import TOOL_ID_PATTERN, CapabilitySpec, ToolSpec, utcnow
+from pml_common.events import CapabilitySpec, ToolSpec, utcnow
+from pml_common.input_rules import is_tool_id
 from pml_common.stores import create_schema_rule
 from pml_trainer.cold_start import CatalogTool, ColdStartEdge
 from pml_trainer.statistics import (
@@ -586,11 +586,8 @@ def _tool_stub(tool_id: str) -> dict[str, str]:
     return {"id": tool_id, "server": server, "name": name}
 
 
-_TOOL_ID_RE = re.compile(TOOL_ID_PATTERN)
-
-
 def _is_tool_id(node_id: str) -> bool:
-    return _TOOL_ID_RE.match(node_id) is not None
+    return is_tool_id(node_id)
 
 
 async def _fetch(
