@@ -10,6 +10,7 @@ import pytest
 
 from pml_common.embedding import build_embedder, catalog_text
 from pml_common.events import ToolSpec, ToolsRegistered
+from pml_common.first_stage import DENSE, HYBRID, LEXICAL
 from pml_common.settings import Settings
 from pml_common.stores import redis_client
 from pml_search.catalog_index import (
@@ -71,26 +72,28 @@ async def test_index_skip_reload_and_delete(
     assert payload["description"] == "Read the contents of a file"
 
     query = (await catalog.embedder.embed_queries(["read a file"]))[0]
-    top = await catalog.nearest(tenant, TOOL, query, 2)
-    assert [e.id for e, _ in top] == ["fs:read_file", "web:fetch"]
-    assert top[0][1] > top[1][1]
+    top = await catalog.ranked(tenant, TOOL, "read a file", query, 2, DENSE)
+    assert [s.entry.id for s in top] == ["fs:read_file", "web:fetch"]
+    assert top[0].relevance > top[1].relevance
 
     # A fresh index over the same store (a restart) rebuilds the read cache from the store:
     # same ranking, same scores, and the stored hashes still make re-indexing a no-op.
     restarted = CatalogIndex(store, catalog.embedder)
-    again_top = await restarted.nearest(tenant, TOOL, query, 2)
-    assert [e.id for e, _ in again_top] == ["fs:read_file", "web:fetch"]
-    np.testing.assert_allclose([s for _, s in again_top], [s for _, s in top], rtol=1e-5)
+    again_top = await restarted.ranked(tenant, TOOL, "read a file", query, 2, DENSE)
+    assert [s.entry.id for s in again_top] == ["fs:read_file", "web:fetch"]
+    np.testing.assert_allclose(
+        [s.relevance for s in again_top], [s.relevance for s in top], rtol=1e-5
+    )
     assert (await restarted.index(tenant, TOOL, entries)).indexed == 0
     assert await restarted.missing(tenant, TOOL, ["web:fetch", "x:y", "x:y"]) == ["x:y"]
 
     await restarted.index(tenant, CAPABILITY, [CatalogEntry(tenant, "c1", CAPABILITY, "c", "", "")])
     assert await restarted.delete_tenant(tenant) == 3
-    assert await restarted.nearest(tenant, TOOL, query, 5) == []
+    assert await restarted.ranked(tenant, TOOL, "read a file", query, 5, HYBRID) == []
     assert await store.count(COLLECTIONS[CAPABILITY], {"tenant_id": tenant}) == 0
 
 
-def test_tenant_matrix_grows_replaces_and_ranks() -> None:
+async def test_tenant_matrix_grows_replaces_and_ranks() -> None:
     matrix = TenantMatrix(2)
     entry = [CatalogEntry("t", f"s:{i}", TOOL, str(i), "s", "") for i in range(100)]
     # one at a time, as capability events arrive
@@ -99,19 +102,50 @@ def test_tenant_matrix_grows_replaces_and_ranks() -> None:
         matrix.upsert([entry[i]], [f"h{i}"], np.array([[np.cos(angle), np.sin(angle)]]))
     assert len(matrix) == 100
     assert matrix.vectors.shape == (100, 2)
-    top = matrix.top(np.array([1.0, 0.0], dtype=np.float32), 3)
-    assert [e.id for e, _ in top] == ["s:0", "s:1", "s:2"]
-    assert top[0][1] == pytest.approx(1.0)
+    top = await matrix.rank("", np.array([1.0, 0.0], dtype=np.float32), 3, DENSE)
+    assert [s.entry.id for s in top] == ["s:0", "s:1", "s:2"]
+    assert top[0].relevance == pytest.approx(1.0)
     # replacing a row keeps its slot and changes its vector; a batch may repeat an id
     matrix.upsert(
         [entry[50], entry[50]], ["x", "y"], np.array([[0.0, 1.0], [1.0, 0.0]], dtype=np.float32)
     )
     assert len(matrix) == 100
     assert matrix.hash_of("s:50") == "y"
-    assert [e.id for e, _ in matrix.top(np.array([1.0, 0.0], dtype=np.float32), 2)] == [
-        "s:0",
-        "s:50",
+    again = await matrix.rank("", np.array([1.0, 0.0], dtype=np.float32), 2, DENSE)
+    assert [s.entry.id for s in again] == ["s:0", "s:50"]
+
+
+async def test_the_lexical_retriever_reads_names_fields_and_chinese(
+    parts: tuple[QdrantVectorStore, CatalogIndex], tenant: str
+) -> None:
+    """Words of a camelCase name, an input-schema field name and a Chinese description are
+    found by the lexical retriever as soon as the write returns, and the hybrid relevance lies
+    between its two parts' weighted sum bounds."""
+    _, catalog = parts
+    entries = [
+        _tool(tenant, "wallet:getWalletBalance", "Show funds"),
+        CatalogEntry(tenant, "git:commit", TOOL, "commit", "git", "Record changes", ("branch",)),
+        _tool(tenant, "fs:read_file", "读取文件的内容"),
+        _tool(tenant, "web:fetch", "Fetch a web page by URL"),
     ]
+    await catalog.index(tenant, TOOL, entries)
+
+    async def top(text: str, retriever: str) -> str:
+        vector = (await catalog.embedder.embed_queries([text]))[0]
+        return (await catalog.ranked(tenant, TOOL, text, vector, 1, retriever))[0].entry.id
+
+    assert await top("what is my wallet balance", LEXICAL) == "wallet:getWalletBalance"
+    assert await top("which branch", LEXICAL) == "git:commit"
+    assert await top("读取文件", LEXICAL) == "fs:read_file"
+    vector = (await catalog.embedder.embed_queries(["which branch"]))[0]
+    hybrid = await catalog.ranked(tenant, TOOL, "which branch", vector, 4, HYBRID)
+    best = hybrid[0]
+    assert best.entry.id == "git:commit" and best.lexical == pytest.approx(1.0)
+    assert all(0.0 <= s.relevance <= 1.0 for s in hybrid)
+
+    # A tool added later is lexically searchable once its write returns.
+    await catalog.index(tenant, TOOL, [_tool(tenant, "cal:create_event", "Schedule a meeting")])
+    assert await top("schedule meeting", LEXICAL) == "cal:create_event"
 
 
 async def test_an_entry_announced_while_a_replica_reads_the_catalog_is_not_lost(

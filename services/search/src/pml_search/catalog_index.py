@@ -1,7 +1,8 @@
 """Indexing of tools and capabilities into the vector store, and the in-memory read cache.
 
 One collection per kind (`pml_tools`, `pml_capabilities`); every point's payload holds
-`tenant_id`, `id`, `kind`, `name`, `server`, `description` and `content_hash`. The point id is
+`tenant_id`, `id`, `kind`, `name`, `server`, `description`, `fields` (a tool's input-schema
+field names) and `content_hash`. The point id is
 derived from (tenant, kind, id), so re-registering an entry replaces it.
 
 Text embedded (as a passage) for a tool or a capability: ``"<name>: <description>"``, or the
@@ -17,6 +18,12 @@ Read cache: the vector store is the system of record; for ranking, each tenant's
 also kept as an (n, dim) float32 matrix per kind, loaded from the store on the tenant's first
 request and updated on every upsert/delete made through this class, so a query is a single
 brute-force dot product (see `docs/search.md` in this service for the measurements).
+
+Ranking is the first stage of `pml_common.first_stage`: every entry's dense similarity and BM25
+score, fused. Each cached matrix keeps a lexical index of its entries; a write returns only once
+the index covers what it wrote (rebuilds run in a thread, and writers that arrive during one
+share the next), so what a registration stored is found by both retrievers as soon as it
+returns.
 """
 
 from __future__ import annotations
@@ -26,12 +33,21 @@ import hashlib
 import json
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import structlog
 
 from pml_common.embedding import Embedder, catalog_text
+from pml_common.first_stage import (
+    DENSE,
+    HYBRID,
+    LEXICAL,
+    LexicalIndex,
+    ToolText,
+    fused_relevance,
+    normalised_lexical,
+)
 from pml_search.ranking import top_k_indices
 from pml_search.vector_store import VectorPoint, VectorStore
 
@@ -55,9 +71,24 @@ class CatalogEntry:
     name: str
     server: str
     description: str
+    #: Input-schema field names (tools only): read by the lexical retriever.
+    fields: tuple[str, ...] = field(default=())
 
     def text(self) -> str:
         return catalog_text(self.name, self.description)
+
+    def lexical(self) -> ToolText:
+        return ToolText(self.id, self.server, self.name, self.description, self.fields)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """An entry with its first-stage relevance and the two parts it was fused from."""
+
+    entry: CatalogEntry
+    relevance: float
+    dense: float
+    lexical: float
 
 
 def point_id(tenant: str, kind: str, node_id: str) -> str:
@@ -77,6 +108,7 @@ def entry_of(payload: dict[str, object]) -> CatalogEntry:
         name=str(payload.get("name", "")),
         server=str(payload.get("server", "")),
         description=str(payload.get("description", "")),
+        fields=tuple(str(f) for f in payload.get("fields") or ()),  # type: ignore[attr-defined]
     )
 
 
@@ -100,6 +132,11 @@ class TenantMatrix:
         self.hashes: list[str] = []
         self.index: dict[str, int] = {}
         self._buffer = np.zeros((0, dim), dtype=np.float32)
+        #: Bumped by every upsert; the lexical index says which version it was built from.
+        self.version = 0
+        self._lexical: LexicalIndex | None = None
+        self._lexical_version = -1
+        self._rebuild: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -127,6 +164,7 @@ class TenantMatrix:
             else:
                 self.entries[i], self.hashes[i] = entry, digest
             self._buffer[i] = vec
+        self.version += 1
 
     def _reserve(self, rows: int) -> None:
         if rows <= self._buffer.shape[0]:
@@ -135,11 +173,43 @@ class TenantMatrix:
         grown[: len(self.entries)] = self.vectors
         self._buffer = grown
 
-    def top(self, query: np.ndarray, k: int) -> list[tuple[CatalogEntry, float]]:
+    async def lexical_index(self) -> LexicalIndex:
+        """A lexical index of every entry upserted so far (rebuilt in a thread if stale)."""
+        while self._lexical is None or self._lexical_version < self.version:
+            if self._rebuild is None:
+                self._rebuild = asyncio.create_task(self._rebuild_lexical())
+            await asyncio.shield(self._rebuild)
+        return self._lexical
+
+    async def _rebuild_lexical(self) -> None:
+        version, docs = self.version, [e.lexical() for e in self.entries]
+        try:
+            built = await asyncio.to_thread(LexicalIndex.build, docs)
+            self._lexical, self._lexical_version = built, version
+        finally:
+            self._rebuild = None
+
+    async def rank(self, query: str, vector: np.ndarray, k: int, retriever: str) -> list[Scored]:
+        """The `k` most relevant entries by the `retriever`'s first-stage relevance."""
         if not self.entries:
             return []
-        scores = self.vectors @ query
-        return [(self.entries[i], float(scores[i])) for i in top_k_indices(scores, k)]
+        index = await self.lexical_index() if retriever != DENSE else None
+        # No await from here on: the entries cannot change under the scores.
+        dense = self.vectors @ vector
+        bm25 = np.zeros_like(dense)
+        if index is not None:
+            bm25 = index.scores(query)
+        lexical = normalised_lexical(bm25)
+        if retriever == LEXICAL:
+            relevance = lexical
+        elif retriever == HYBRID:
+            relevance = fused_relevance(dense, bm25)
+        else:
+            relevance = dense
+        return [
+            Scored(self.entries[i], float(relevance[i]), float(dense[i]), float(lexical[i]))
+            for i in top_k_indices(relevance, k)
+        ]
 
 
 class CatalogIndex:
@@ -187,6 +257,7 @@ class CatalogIndex:
                 ]
                 await self._store.upsert(COLLECTIONS[kind], points)
                 matrix.upsert([e for e, _ in todo], [h for _, h in todo], vecs)
+                await matrix.lexical_index()
             log.info(
                 "catalog indexed",
                 tenant=tenant,
@@ -214,12 +285,12 @@ class CatalogIndex:
         key = (tenant, kind)
         return key in self._cache or key in self._loading
 
-    async def nearest(
-        self, tenant: str, kind: str, query: np.ndarray, limit: int
-    ) -> list[tuple[CatalogEntry, float]]:
-        """The `limit` entries of `kind` most similar to `query` (cosine), best first."""
+    async def ranked(
+        self, tenant: str, kind: str, query: str, vector: np.ndarray, limit: int, retriever: str
+    ) -> list[Scored]:
+        """The `limit` entries of `kind` most relevant to the query (text and embedding)."""
         matrix = await self._matrix(tenant, kind)
-        return matrix.top(query, limit)
+        return await matrix.rank(query, vector, limit, retriever)
 
     async def get(self, tenant: str, kind: str, node_id: str) -> CatalogEntry | None:
         matrix = await self._matrix(tenant, kind)

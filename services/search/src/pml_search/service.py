@@ -1,11 +1,14 @@
 """The `SearchService` servicer (proto/pml/v1/search.proto).
 
 - `Search`: unified search over tools and capabilities (ADR-051):
-  ``final = min(semantic × reliability, 0.95)``. Candidates are the `max(2·limit,
-  candidate_pool)` nearest entries of each requested kind (reliability can lift a candidate by
-  ×1.2 only, so deeper candidates cannot overtake the pool), ranked by final score.
+  ``final = min(semantic × reliability, 0.95)``, where `semantic` is the first stage's
+  relevance (`pml_common.first_stage`: BM25 and dense similarity fused, or one of them when the
+  request names a `retriever`). Candidates are the `max(2·limit, candidate_pool)` most relevant
+  entries of each requested kind (reliability can lift a candidate by ×1.2 only, so deeper
+  candidates cannot overtake the pool), ranked by final score.
 - `SearchTools`: hybrid tool search (seeds 003/004): candidate generation (the
-  `candidate_pool` semantically nearest tools) → re-rank by ``α·semantic + (1−α)·graph`` then
+  `candidate_pool` most relevant tools by the fused first stage) → re-rank by
+  ``α·semantic + (1−α)·graph`` then
   reliability (``min(hybrid × reliability, 0.95)``) → top-k. α = 1 without context tools, else
   adaptive from the tenant's LINK graph (see `ranking.adaptive_alpha`).
 - `GetNode`, `RegisterTools`, `RegisterCapabilities`, `DeleteTenant`: see the proto.
@@ -26,10 +29,11 @@ import numpy as np
 from pml.v1 import common_pb2, search_pb2, search_pb2_grpc
 from pml_common.bus import EventBus
 from pml_common.events import CapabilityLearned, TenantDeleted, ToolsRegistered
+from pml_common.first_stage import HYBRID, retriever_problem
 from pml_common.grpc_server import check_deadline, invalid_argument, not_found
 from pml_common.settings import Settings
 from pml_search import ranking
-from pml_search.catalog_index import CAPABILITY, TOOL, CatalogEntry, CatalogIndex
+from pml_search.catalog_index import CAPABILITY, TOOL, CatalogEntry, CatalogIndex, Scored
 from pml_search.graph_view import GraphView, NodeStats, TenantGraph
 from pml_search.validation import (
     ENUM_OF_KIND,
@@ -88,14 +92,20 @@ class SearchServicer(search_pb2_grpc.SearchServiceServicer):
             limit = limit_of(request.limit, self._settings)
             kinds = kinds_of(request.kinds)
             min_semantic = min_score_of(request.min_semantic_score)
+            problem = retriever_problem(request.retriever)
+            if problem:
+                raise invalid_argument(problem)
         vector = await self._embed(query, timings, context)
         pool = max(2 * limit, self._settings.candidate_pool)
+        retriever = request.retriever or HYBRID
         with timings.stage("retrieve"):
             candidates = [
-                (entry, score)
+                scored
                 for kind in kinds
-                for entry, score in await self._catalog.nearest(tenant, kind, vector, pool)
-                if score >= min_semantic
+                for scored in await self._catalog.ranked(
+                    tenant, kind, query, vector, pool, retriever
+                )
+                if scored.relevance >= min_semantic
             ]
         with timings.stage("graph"):
             view = await self._graph.get(tenant)
@@ -122,7 +132,7 @@ class SearchServicer(search_pb2_grpc.SearchServiceServicer):
         vector = await self._embed(query, timings, context)
         with timings.stage("retrieve"):
             pool = max(limit, self._settings.candidate_pool)
-            candidates = await self._catalog.nearest(tenant, TOOL, vector, pool)
+            candidates = await self._catalog.ranked(tenant, TOOL, query, vector, pool, HYBRID)
         with timings.stage("graph"):
             view = await self._graph.get(tenant)
             tool_count = await self._catalog.size(tenant, TOOL)
@@ -201,24 +211,24 @@ class SearchServicer(search_pb2_grpc.SearchServiceServicer):
 
 
 def rank_unified(
-    candidates: Sequence[tuple[CatalogEntry, float]], view: TenantGraph, limit: int
+    candidates: Sequence[Scored], view: TenantGraph, limit: int
 ) -> list[search_pb2.SearchResult]:
     """ADR-051 final scores of the candidates, best first (ties by id), `limit` kept."""
-    results = [_unified_result(entry, score, view) for entry, score in candidates]
+    results = [_unified_result(scored, view) for scored in candidates]
     # The 0.95 cap makes ties; the better semantic match goes first among them.
     results.sort(key=lambda r: (-r.final_score, -r.semantic_score, r.id))
     return results[:limit]
 
 
 def rank_hybrid(
-    candidates: Sequence[tuple[CatalogEntry, float]],
+    candidates: Sequence[Scored],
     view: TenantGraph,
     context_tools: Sequence[str],
     alpha: float,
     limit: int,
 ) -> list[search_pb2.ToolResult]:
-    """Re-rank semantic candidates with the graph and reliability, best first, `limit` kept."""
-    tools = [_hybrid_result(e, score, view, context_tools, alpha) for e, score in candidates]
+    """Re-rank first-stage candidates with the graph and reliability, best first, `limit` kept."""
+    tools = [_hybrid_result(scored, view, context_tools, alpha) for scored in candidates]
     tools.sort(key=lambda t: (-t.final_score, -t.semantic_score, t.tool_id))
     return tools[:limit]
 
@@ -229,9 +239,8 @@ def _stats_fields(stats: NodeStats | None) -> tuple[float | None, int]:
     return stats.success_rate, stats.executions
 
 
-def _unified_result(
-    entry: CatalogEntry, semantic: float, view: TenantGraph
-) -> search_pb2.SearchResult:
+def _unified_result(scored: Scored, view: TenantGraph) -> search_pb2.SearchResult:
+    entry, semantic = scored.entry, scored.relevance
     rate, executions = _stats_fields(view.stats(entry.kind, entry.id))
     factor = ranking.reliability_factor(rate)
     return search_pb2.SearchResult(
@@ -245,6 +254,8 @@ def _unified_result(
         final_score=ranking.unified_score(semantic, factor),
         success_rate=rate,
         executions=executions,
+        dense_score=scored.dense,
+        lexical_score=scored.lexical,
     )
 
 
@@ -263,12 +274,9 @@ def _node_result(entry: CatalogEntry, stats: NodeStats | None) -> search_pb2.Sea
 
 
 def _hybrid_result(
-    entry: CatalogEntry,
-    semantic: float,
-    view: TenantGraph,
-    context_tools: Sequence[str],
-    alpha: float,
+    scored: Scored, view: TenantGraph, context_tools: Sequence[str], alpha: float
 ) -> search_pb2.ToolResult:
+    entry, semantic = scored.entry, scored.relevance
     graph = ranking.graph_relatedness(view.links, entry.id, context_tools)
     rate, _ = _stats_fields(view.stats(TOOL, entry.id))
     factor = ranking.reliability_factor(rate)
@@ -282,6 +290,8 @@ def _hybrid_result(
         graph_score=graph,
         reliability_factor=factor,
         final_score=ranking.unified_score(hybrid, factor),
+        dense_score=scored.dense,
+        lexical_score=scored.lexical,
     )
 
 

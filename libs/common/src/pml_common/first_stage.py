@@ -1,0 +1,162 @@
+"""The first stage of tool ranking: lexical (BM25) and dense relevance, fused.
+
+Every ranking of tools starts here: search's `Search` and `SearchTools`, the scorer's served
+score and the trainer's comparison of a candidate model with "no learning at all". The fused
+relevance is the `semantic` term of seed 000's ``semantic × reliability``.
+
+Lexical side: BM25 (bm25s, k1 = 1.2, b = 0.75) over a tool's name, server, description and
+input-schema field names. Tokens: identifiers are split at snake/kebab/camel boundaries
+("getWalletBalance" → get, wallet, balance), lower-cased, English stop words dropped, English
+words stemmed (Snowball); runs of Chinese, Japanese or Korean characters become overlapping
+character bigrams (a single character stays a unigram), the usual way to index CJK text
+without a dictionary. One tokenizer serves documents and queries.
+
+Fusion: ``relevance = w·max(cos, 0) + (1 − w)·bm25 / max_bm25`` where ``max_bm25`` is the best
+BM25 score any of the tenant's tools gets for that query (0 when no query word is indexed), so
+both terms lie in [0, 1]. ``w = DENSE_WEIGHT`` was chosen on the development sets only
+(`tools-metatool`, `tools-etom`); see docs/benchmarks.md, "First stage".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+#: Weight of the dense (embedding) relevance in the fused score; the rest is lexical.
+DENSE_WEIGHT = 0.5
+
+#: The retrievers a request may name: both fused (the default), or one alone for comparison.
+HYBRID = "hybrid"
+DENSE = "dense"
+LEXICAL = "lexical"
+RETRIEVERS = (HYBRID, DENSE, LEXICAL)
+BM25_K1 = 1.2
+BM25_B = 0.75
+
+_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+_CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
+_CJK_RUN = re.compile(f"[{_CJK_CHARS}]+")
+
+
+@dataclass(frozen=True)
+class ToolText:
+    """What the lexical index reads of a tool."""
+
+    id: str
+    server: str
+    name: str
+    description: str
+    #: Field names of the tool's input schema (top-level properties).
+    fields: tuple[str, ...] = ()
+
+    def lexical_text(self) -> str:
+        return " ".join((self.name, self.server, self.description, *self.fields))
+
+
+def schema_fields(input_schema: Any) -> tuple[str, ...]:
+    """Top-level property names of a JSON schema (empty for anything else)."""
+    if not isinstance(input_schema, dict):
+        return ()
+    properties = input_schema.get("properties")
+    if not isinstance(properties, dict):
+        return ()
+    return tuple(str(name) for name in properties)
+
+
+@lru_cache(maxsize=1)
+def _stemmer() -> Any:
+    import Stemmer
+
+    return Stemmer.Stemmer("english")
+
+
+@lru_cache(maxsize=1)
+def _stop_words() -> frozenset[str]:
+    from bm25s.stopwords import STOPWORDS_EN
+
+    return frozenset(STOPWORDS_EN)
+
+
+def _cjk_bigrams(run: str) -> list[str]:
+    if len(run) == 1:
+        return [run]
+    return [run[i : i + 2] for i in range(len(run) - 1)]
+
+
+def tokenize(text: str) -> list[str]:
+    """The lexical tokens of `text` (see the module docstring)."""
+    split = _BOUNDARY.sub(" ", text).lower()
+    cjk: list[str] = []
+    if _CJK_RUN.search(split):
+        for run in _CJK_RUN.findall(split):
+            cjk.extend(_cjk_bigrams(run))
+        split = _CJK_RUN.sub(" ", split)
+    stop = _stop_words()
+    words = [w for w in _WORD.findall(split) if w not in stop]
+    stems: list[str] = _stemmer().stemWords(words) if words else []
+    return stems + cjk
+
+
+class LexicalIndex:
+    """BM25 over a fixed list of tools; rebuilt as a whole when the list changes."""
+
+    def __init__(self, retriever: Any, vocabulary: dict[str, int], size: int) -> None:
+        self._retriever = retriever
+        self._vocabulary = vocabulary
+        self._size = size
+
+    @classmethod
+    def build(cls, docs: Sequence[ToolText]) -> LexicalIndex:
+        import bm25s
+
+        vocabulary: dict[str, int] = {}
+        ids = [
+            [vocabulary.setdefault(t, len(vocabulary)) for t in tokenize(d.lexical_text())]
+            for d in docs
+        ]
+        if not vocabulary:
+            return cls(None, {}, len(docs))
+        retriever = bm25s.BM25(k1=BM25_K1, b=BM25_B)
+        retriever.index(
+            bm25s.tokenization.Tokenized(ids=ids, vocab=vocabulary), show_progress=False
+        )
+        return cls(retriever, vocabulary, len(docs))
+
+    def __len__(self) -> int:
+        return self._size
+
+    def scores(self, query: str) -> np.ndarray:
+        """BM25 score of every tool for `query`, in the order the tools were given."""
+        known = [t for t in tokenize(query) if t in self._vocabulary]
+        if not known or self._retriever is None:
+            return np.zeros(self._size, dtype=np.float32)
+        return np.asarray(self._retriever.get_scores(known), dtype=np.float32)
+
+
+def retriever_problem(name: str) -> str | None:
+    """Why `name` is no retriever, or None ("" means the default, hybrid)."""
+    if name in ("", *RETRIEVERS):
+        return None
+    return f"retriever must be one of {', '.join(RETRIEVERS)} (got {name[:40]!r})"
+
+
+def normalised_lexical(lexical: np.ndarray) -> np.ndarray:
+    """BM25 scores divided by the best one (all zeros stay zeros)."""
+    best = float(lexical.max()) if lexical.size else 0.0
+    if best <= 0.0:
+        return np.zeros_like(lexical, dtype=np.float32)
+    return (lexical / best).astype(np.float32)
+
+
+def fused_relevance(
+    dense: np.ndarray, lexical: np.ndarray, dense_weight: float = DENSE_WEIGHT
+) -> np.ndarray:
+    """The first stage's relevance of each tool, in [0, 1] (see the module docstring)."""
+    dense_part = np.clip(np.asarray(dense, dtype=np.float32), 0.0, 1.0)
+    return dense_weight * dense_part + (1.0 - dense_weight) * normalised_lexical(lexical)

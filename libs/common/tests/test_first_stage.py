@@ -1,0 +1,83 @@
+"""The first stage's tokenizer, BM25 index and fusion."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pml_common.first_stage import (
+    DENSE_WEIGHT,
+    LexicalIndex,
+    ToolText,
+    fused_relevance,
+    retriever_problem,
+    schema_fields,
+    tokenize,
+)
+
+
+def test_identifiers_split_at_snake_kebab_and_camel_boundaries() -> None:
+    assert tokenize("getWalletBalance") == ["get", "wallet", "balanc"]
+    assert tokenize("read_file get-latest-blocks") == ["read", "file", "get", "latest", "block"]
+    assert tokenize("HTTPRequest") == ["http", "request"]
+
+
+def test_stop_words_go_and_english_is_stemmed() -> None:
+    assert tokenize("Lists the files of the repositories") == ["list", "file", "repositori"]
+
+
+def test_chinese_runs_become_character_bigrams() -> None:
+    assert tokenize("读取文件") == ["读取", "取文", "文件"]
+    assert tokenize("查 a file") == ["file", "查"]
+
+
+def test_schema_fields_are_the_top_level_properties() -> None:
+    schema = {"type": "object", "properties": {"app": {}, "newName": {}}}
+    assert schema_fields(schema) == ("app", "newName")
+    assert schema_fields(None) == ()
+    assert schema_fields({"properties": ["not", "a", "dict"]}) == ()
+
+
+def test_bm25_ranks_the_tool_whose_words_the_query_uses() -> None:
+    docs = [
+        ToolText("a:send", "mail", "send_email", "Send an email to a recipient"),
+        ToolText("b:rename", "heroku", "rename_app", "Rename an application", ("newName",)),
+        ToolText("c:list", "fs", "list_files", "List files in a folder"),
+    ]
+    index = LexicalIndex.build(docs)
+    scores = index.scores("give my heroku app a new name")
+    assert int(np.argmax(scores)) == 1
+    assert index.scores("zzz unknown words").tolist() == [0.0, 0.0, 0.0]
+    assert len(LexicalIndex.build([]).scores("anything")) == 0
+
+
+@given(
+    st.lists(st.floats(-1.0, 1.0), min_size=1, max_size=20),
+    st.lists(st.floats(0.0, 50.0), min_size=20, max_size=20),
+)
+def test_fused_relevance_lies_in_the_unit_interval(dense: list[float], bm25: list[float]) -> None:
+    lexical = np.asarray(bm25[: len(dense)], dtype=np.float32)
+    fused = fused_relevance(np.asarray(dense, dtype=np.float32), lexical)
+    assert fused.shape == (len(dense),)
+    assert np.all(fused >= 0.0) and np.all(fused <= 1.0 + 1e-6)
+
+
+def test_fusion_weighs_dense_and_relative_bm25() -> None:
+    fused = fused_relevance(np.array([0.8, 0.2]), np.array([2.0, 4.0]))
+    expected = [
+        DENSE_WEIGHT * 0.8 + (1 - DENSE_WEIGHT) * 0.5,
+        DENSE_WEIGHT * 0.2 + 1 - DENSE_WEIGHT,
+    ]
+    assert fused.tolist() == pytest.approx(expected)
+    # No lexical match at all: the dense part alone, scaled by its weight.
+    assert fused_relevance(np.array([0.5]), np.array([0.0])).tolist() == pytest.approx(
+        [DENSE_WEIGHT * 0.5]
+    )
+
+
+def test_retriever_names() -> None:
+    assert retriever_problem("") is None
+    assert retriever_problem("lexical") is None
+    assert "must be one of" in (retriever_problem("bm42") or "")
