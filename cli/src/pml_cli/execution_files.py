@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pml_common.events import EventRejected, ExecutionCompleted, parse_event
+from pml_common.events import EventRejected, ExecutionCompleted, new_event_id, parse_event
 
 
 class ExecutionFileError(ValueError):
@@ -49,6 +49,9 @@ def _event(path: Path, where: int, row: Any, tenant: str) -> ExecutionCompleted:
         raise ExecutionFileError(f"{path}:{where}: expected a JSON object")
     filled = {"type": ExecutionCompleted.TYPE, "version": ExecutionCompleted.VERSION, **row}
     filled.setdefault("tenant_id", tenant)
+    # A file is what an executor would publish: an execution without an id gets one here (the
+    # bus then keeps it on redelivery); give `event_id` in the file to make a re-publish a no-op.
+    filled.setdefault("event_id", new_event_id())
     try:
         event = parse_event(filled)
     except EventRejected as exc:
