@@ -111,6 +111,7 @@ def ingest_corpus(
 ) -> dict[str, Any]:
     """Submit the corpus and follow it through every pass; fails if a document failed."""
     started = time.perf_counter()
+    console.print(f"ingesting {len(docs)} documents into {tenant} (unchanged ones are skipped)")
     ids, unchanged = ingest_client.submit(settings, tenant, docs, console)
     counts = ingest_client.wait(settings, tenant, ids, console, INGEST_TIMEOUT_S)
     if counts.get("failed") or counts.get("in progress"):
@@ -152,10 +153,12 @@ def wait_chunks_indexed(
     client = redis.Redis.from_url(settings.redis_url, **redis_credentials(settings))
     deadline = time.monotonic() + timeout_s
     try:
-        with console.status("waiting for search to index the chunks…"):
+        with console.status("search: indexing the chunks…") as status:
             while (backlog := _chunk_backlog(client, stream)) != 0:
                 if time.monotonic() > deadline:
                     raise EvalError(f"search has not indexed the chunks (backlog {backlog})")
+                left = "starting" if backlog is None else f"{backlog} batch(es) of chunks left"
+                status.update(f"search: indexing the chunks ({left})…")
                 time.sleep(0.5)
     finally:
         client.close()

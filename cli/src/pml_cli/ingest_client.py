@@ -103,20 +103,36 @@ def state_of(status: ingest_pb2.DocumentStatus) -> str:
 def wait(
     settings: Settings, tenant: str, ids: Sequence[str], console: Console, timeout_s: float
 ) -> dict[str, int]:
-    """Follow the documents until each is done or failed (or `timeout_s` passes)."""
+    """Follow the documents until each is done or failed (or `timeout_s` passes), with a bar
+    per pass: on a large corpus a document is done only when its last pass is, which may be
+    minutes after the first passes moved on, and a single bar would sit still meanwhile."""
     deadline = time.monotonic() + timeout_s
     counts = {"done": 0, "failed": 0, "in progress": len(ids)}
     with _progress(console) as progress:
-        task = progress.add_task("ingesting (all passes)", total=len(ids))
+        bars = {name: progress.add_task(f"  {name}", total=len(ids)) for name in PASSES}
+        task = progress.add_task("ingested (all passes)", total=len(ids))
         while True:
             found = statuses(settings, tenant, ids)
             counts = {"done": 0, "failed": 0, "in progress": len(ids) - len(found)}
             for status in found:
                 counts[state_of(status)] += 1
+            for name, finished in passes_finished(found).items():
+                progress.update(bars[name], completed=finished)
             progress.update(task, completed=counts["done"] + counts["failed"])
             if counts["in progress"] == 0 or time.monotonic() > deadline:
                 return counts
             time.sleep(0.5)
+
+
+def passes_finished(found: Sequence[ingest_pb2.DocumentStatus]) -> dict[str, int]:
+    """Per pass, how many of the documents it has finished (done or failed)."""
+    finished = dict.fromkeys(PASSES, 0)
+    for status in found:
+        for p in status.passes:
+            name = getattr(p, "pass")
+            if name in finished and p.state in ("done", "failed"):
+                finished[name] += 1
+    return finished
 
 
 def delete(settings: Settings, tenant: str, document_id: str) -> str:
