@@ -8,10 +8,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pml_common.first_stage import (
-    DENSE_WEIGHT,
+    DENSE_WEIGHTS,
     LexicalIndex,
     ToolText,
+    dense_parts,
     fused_relevance,
+    min_max,
     retriever_problem,
     schema_fields,
     tokenize,
@@ -64,17 +66,36 @@ def test_fused_relevance_lies_in_the_unit_interval(dense: list[float], bm25: lis
     assert np.all(fused >= 0.0) and np.all(fused <= 1.0 + 1e-6)
 
 
-def test_fusion_weighs_dense_and_relative_bm25() -> None:
-    fused = fused_relevance(np.array([0.8, 0.2]), np.array([2.0, 4.0]))
-    expected = [
-        DENSE_WEIGHT * 0.8 + (1 - DENSE_WEIGHT) * 0.5,
-        DENSE_WEIGHT * 0.2 + 1 - DENSE_WEIGHT,
-    ]
-    assert fused.tolist() == pytest.approx(expected)
-    # No lexical match at all: the dense part alone, scaled by its weight.
-    assert fused_relevance(np.array([0.5]), np.array([0.0])).tolist() == pytest.approx(
-        [DENSE_WEIGHT * 0.5]
+def test_fusion_weighs_min_max_dense_parts_and_relative_bm25() -> None:
+    use = np.array([0.8, 0.2, 0.5])
+    e5 = np.array([0.80, 0.90, 0.85])  # e5 cosines crowd together: min-max spreads them
+    bm25 = np.array([2.0, 4.0, 0.0])
+    fused = fused_relevance(np.vstack([use, e5]), bm25)
+    w_use, w_e5 = DENSE_WEIGHTS[2]
+    lexical = 1 - w_use - w_e5
+    expected = [w_use * 1.0 + lexical * 0.5, w_e5 * 1.0 + lexical, w_use * 0.5 + w_e5 * 0.5]
+    assert fused.tolist() == pytest.approx(expected, abs=1e-6)
+    # One model: its weight and the lexical rest.
+    (w,) = DENSE_WEIGHTS[1]
+    assert fused_relevance(use, bm25).tolist() == pytest.approx(
+        [w + (1 - w) * 0.5, 1 - w, w * 0.5], abs=1e-6
     )
+
+
+def test_min_max_keeps_a_lone_score_as_it_is() -> None:
+    assert min_max(np.array([0.3, 0.7])).tolist() == pytest.approx([0.0, 1.0])
+    assert min_max(np.array([0.42])).tolist() == pytest.approx([0.42])
+
+
+def test_dense_parts_read_each_models_cosine_back() -> None:
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(5, 3)), rng.normal(size=(5, 2))
+    a /= np.linalg.norm(a, axis=1, keepdims=True)
+    b /= np.linalg.norm(b, axis=1, keepdims=True)
+    joined = np.hstack([a, b]) / np.sqrt(2)
+    parts = dense_parts(joined[1:], joined[0], (3, 2))
+    np.testing.assert_allclose(parts[0], a[1:] @ a[0], rtol=1e-5)
+    np.testing.assert_allclose(parts[1], b[1:] @ b[0], rtol=1e-5)
 
 
 def test_retriever_names() -> None:

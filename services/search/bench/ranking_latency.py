@@ -3,7 +3,7 @@
     uv run python services/search/bench/ranking_latency.py [--tools 10000] [--qdrant]
         [--blas-threads 1]
 
-Measures, per query: retrieval from the in-memory matrix (`CatalogIndex.nearest`) plus unified
+Measures, per query: retrieval from the in-memory matrix (`CatalogIndex.ranked`, dense) plus unified
 ranking (`rank_unified`) and hybrid re-ranking with context (`rank_hybrid`), over a tenant whose
 every tool has execution statistics and a sparse LINK graph. With `--qdrant` it also measures
 the embedded Qdrant's filtered search on the same points, which the matrix replaces on the hot
@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 
+from pml_common.first_stage import DENSE
 from pml_search import ranking
 from pml_search.blas import limit_blas_threads
 from pml_search.catalog_index import TOOL, CatalogEntry, CatalogIndex, TenantMatrix
@@ -107,13 +108,13 @@ async def main(n: int, runs: int, with_qdrant: bool, blas_threads: int) -> None:
 
         async def unified() -> object:
             q = queries[next(queue) % runs]
-            candidates = await catalog.nearest(TENANT, TOOL, q, 50)
+            candidates = await catalog.ranked(TENANT, TOOL, "read a file", q, 50, DENSE)
             return rank_unified(candidates, view, 10)
 
         async def hybrid() -> object:
             q = queries[next(queue) % runs]
             context = [entries[int(rng.integers(0, n))].id for _ in range(3)]
-            candidates = await catalog.nearest(TENANT, TOOL, q, 50)
+            candidates = await catalog.ranked(TENANT, TOOL, "read a file", q, 50, DENSE)
             links = view.links
             alpha = ranking.adaptive_alpha(True, links.edge_count(), max(n, links.node_count()))
             tools = rank_hybrid(candidates, view, context, alpha, 10)

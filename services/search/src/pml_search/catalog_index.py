@@ -1,6 +1,8 @@
 """Indexing of tools and capabilities into the vector store, and the in-memory read cache.
 
-One collection per kind (`pml_tools`, `pml_capabilities`); every point's payload holds
+One collection per kind and tool embedder (`pml_tools__<embedder>`, `pml_capabilities__<embedder>`:
+vectors of another model never meet, and changing `PML_TOOL_EMBEDDER` starts empty collections
+rather than failing on their size); every point's payload holds
 `tenant_id`, `id`, `kind`, `name`, `server`, `description`, `fields` (a tool's input-schema
 field names) and `content_hash`. The point id is
 derived from (tenant, kind, id), so re-registering an entry replaces it.
@@ -31,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -38,13 +41,14 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import structlog
 
-from pml_common.embedding import Embedder, catalog_text
+from pml_common.embedding import Embedder, catalog_text, part_dims
 from pml_common.first_stage import (
     DENSE,
     HYBRID,
     LEXICAL,
     LexicalIndex,
     ToolText,
+    dense_parts,
     fused_relevance,
     normalised_lexical,
 )
@@ -56,7 +60,15 @@ log = structlog.get_logger(__name__)
 TOOL = "tool"
 CAPABILITY = "capability"
 KINDS = (TOOL, CAPABILITY)
-COLLECTIONS = {TOOL: "pml_tools", CAPABILITY: "pml_capabilities"}
+_STEMS = {TOOL: "pml_tools", CAPABILITY: "pml_capabilities"}
+
+
+def collections_for(embedder_name: str) -> dict[str, str]:
+    """Collection of each kind for vectors of `embedder_name`."""
+    slug = re.sub(r"[^a-z0-9]+", "_", embedder_name.lower()).strip("_")
+    return {kind: f"{stem}__{slug}" for kind, stem in _STEMS.items()}
+
+
 INDEXED_FIELDS = ("tenant_id", "id", "kind")
 _POINT_NAMESPACE = uuid.UUID("6f2c1a8e-4b0d-5e7f-9a3c-2d1e0f4b5a6c")
 
@@ -126,8 +138,10 @@ class TenantMatrix:
     on the event loop thread without awaiting in between.
     """
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, parts: tuple[int, ...] | None = None) -> None:
         self.dim = dim
+        #: Widths of the embedder's models within a vector (see `EnsembleEmbedder`).
+        self.parts = parts or (dim,)
         self.entries: list[CatalogEntry] = []
         self.hashes: list[str] = []
         self.index: dict[str, int] = {}
@@ -195,7 +209,8 @@ class TenantMatrix:
             return []
         index = await self.lexical_index() if retriever != DENSE else None
         # No await from here on: the entries cannot change under the scores.
-        dense = self.vectors @ vector
+        models = dense_parts(self.vectors, vector, self.parts)
+        dense = models.mean(axis=0)
         bm25 = np.zeros_like(dense)
         if index is not None:
             bm25 = index.scores(query)
@@ -203,7 +218,7 @@ class TenantMatrix:
         if retriever == LEXICAL:
             relevance = lexical
         elif retriever == HYBRID:
-            relevance = fused_relevance(dense, bm25)
+            relevance = fused_relevance(models, bm25)
         else:
             relevance = dense
         return [
@@ -218,6 +233,8 @@ class CatalogIndex:
     def __init__(self, store: VectorStore, embedder: Embedder) -> None:
         self._store = store
         self._embedder = embedder
+        self.collections = collections_for(embedder.name)
+        self._parts = part_dims(embedder)
         self._cache: dict[tuple[str, str], TenantMatrix] = {}
         # Reads of the store under way, per (tenant, kind): see `is_cached`.
         self._loading: dict[tuple[str, str], int] = {}
@@ -230,7 +247,7 @@ class CatalogIndex:
         return self._embedder
 
     async def start(self) -> None:
-        for collection in COLLECTIONS.values():
+        for collection in self.collections.values():
             await self._store.ensure_collection(collection, self._embedder.dim, INDEXED_FIELDS)
 
     # --- writes -------------------------------------------------------------------------------
@@ -255,7 +272,7 @@ class CatalogIndex:
                     )
                     for (e, h), vec in zip(todo, vecs, strict=True)
                 ]
-                await self._store.upsert(COLLECTIONS[kind], points)
+                await self._store.upsert(self.collections[kind], points)
                 matrix.upsert([e for e, _ in todo], [h for _, h in todo], vecs)
                 await matrix.lexical_index()
             log.info(
@@ -271,7 +288,7 @@ class CatalogIndex:
         """Remove every point of the tenant from both collections; returns how many."""
         async with self._lock(tenant):
             deleted = 0
-            for kind, collection in COLLECTIONS.items():
+            for kind, collection in self.collections.items():
                 deleted += await self._store.delete(collection, {"tenant_id": tenant})
                 self._cache.pop((tenant, kind), None)
             self._generation[tenant] = self._generation.get(tenant, 0) + 1
@@ -323,13 +340,15 @@ class CatalogIndex:
                 if not self._loading[key]:
                     del self._loading[key]
             if generation != self._generation.get(tenant, 0):
-                return TenantMatrix(self._embedder.dim)  # deleted meanwhile: serve nothing
+                return TenantMatrix(
+                    self._embedder.dim, self._parts
+                )  # deleted meanwhile: serve nothing
             matrix = self._cache.setdefault((tenant, kind), matrix)
         return matrix
 
     async def _load(self, tenant: str, kind: str) -> TenantMatrix:
-        matrix = TenantMatrix(self._embedder.dim)
-        points = await self._store.scan(COLLECTIONS[kind], {"tenant_id": tenant})
+        matrix = TenantMatrix(self._embedder.dim, self._parts)
+        points = await self._store.scan(self.collections[kind], {"tenant_id": tenant})
         if points:
             entries = [entry_of(dict(p.payload)) for p in points]
             hashes = [str(p.payload.get("content_hash", "")) for p in points]

@@ -19,7 +19,7 @@ import structlog
 
 from pml.v1 import knowledge_pb2_grpc, search_pb2_grpc
 from pml_common.bus import EventBus, create_replica_group, destroy_replica_group
-from pml_common.embedding import build_embedder
+from pml_common.embedding import build_embedder, build_tool_embedder
 from pml_common.grpc_server import GrpcServer
 from pml_common.latest_wins import LatestWins
 from pml_common.lifecycle import wait_for_shutdown_signal
@@ -55,12 +55,12 @@ class SearchApp:
         self._redis = redis_client(settings)
         self._store = QdrantVectorStore.from_settings(settings)
         self._driver = neo4j_driver(settings)
-        self.catalog = CatalogIndex(self._store, build_embedder(settings, self._redis))
+        self.catalog = CatalogIndex(self._store, build_tool_embedder(settings, self._redis))
         self.graph = GraphView(self._driver, settings.neo4j_database)
         self.bus = EventBus(settings, SERVICE)
         consumers = SearchConsumers(self.catalog, self.graph)
         # Document chunks (knowledge evidence), from the ingest pipeline's ChunksExtracted.
-        self.chunks = ChunkIndex(self._store, self.catalog.embedder)
+        self.chunks = ChunkIndex(self._store, build_embedder(settings, self._redis))
         ChunkConsumers(self.chunks, LatestWins(self._redis, CHUNK_GROUP)).subscribe(self.bus)
         self._cache_group = consumers.subscribe(self.bus, settings.consumer_name)
         reads = KnowledgeReads(self._driver, settings.neo4j_database)
@@ -85,6 +85,7 @@ class SearchApp:
         await self.chunks.start()
         # Load the model (and fill the cache) now rather than on the first request.
         await self.catalog.embedder.embed_queries(["warm up"])
+        await self.chunks.embedder.embed_queries(["warm up"])
         await create_replica_group(self._redis, self._cache_group, CACHE_EVENTS)
         await create_replica_group(self._redis, self._knowledge_group, KNOWLEDGE_CACHE_EVENTS)
         await self.bus.start()
