@@ -2,12 +2,15 @@
 
 Each command is a fresh process of the installed `pml` script (interpreter start, imports,
 the call and the printing), run `runs` times after one unmeasured warm-up that fills the OS
-file cache; the median and the slowest run are reported. `pml search` needs a running search
-service (`make run`); without one its row says so instead of timing an error.
+file cache; the median and the slowest run are reported, and the median CPU time (user +
+system) of the process, which other work on a busy machine inflates much less than the wall
+time. `pml search` needs a running search service (`make run`); without one its row says so
+instead of timing an error.
 """
 
 from __future__ import annotations
 
+import resource
 import statistics
 import subprocess
 import sys
@@ -25,16 +28,23 @@ def pml_command() -> list[str]:
     return [sys.executable, "-m", "pml_cli"]
 
 
-def _wall_times(argv: list[str], runs: int) -> list[float] | None:
-    """Seconds per run, or None when the command fails (nothing to time)."""
-    times = []
+def _cpu_of_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _times(argv: list[str], runs: int) -> tuple[list[float], list[float]] | None:
+    """Wall and CPU seconds per run, or None when the command fails (nothing to time)."""
+    wall, cpu = [], []
     for _ in range(runs + 1):
+        cpu_before = _cpu_of_children()
         started = time.perf_counter()
         done = subprocess.run(argv, capture_output=True, check=False)
-        times.append(time.perf_counter() - started)
+        wall.append(time.perf_counter() - started)
+        cpu.append(_cpu_of_children() - cpu_before)
         if done.returncode != 0:
             return None
-    return times[1:]  # the first run only warms the file cache
+    return wall[1:], cpu[1:]  # the first run only warms the file cache
 
 
 def bench_cli(runs: int, console: Console) -> dict[str, Any]:
@@ -44,12 +54,14 @@ def bench_cli(runs: int, console: Console) -> dict[str, Any]:
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("timing the CLI", total=len(commands))
         for name, argv in commands.items():
-            times = _wall_times(argv, runs)
+            times = _times(argv, runs)
             if times is None:
                 result[f"{name}_error"] = f"`{' '.join(argv[3:])}` failed (is `make run` running?)"
             else:
-                result[f"{name}_median_s"] = round(statistics.median(times), 3)
-                result[f"{name}_max_s"] = round(max(times), 3)
+                wall, cpu = times
+                result[f"{name}_median_s"] = round(statistics.median(wall), 3)
+                result[f"{name}_max_s"] = round(max(wall), 3)
+                result[f"{name}_cpu_median_s"] = round(statistics.median(cpu), 3)
             progress.advance(task)
     return result
 

@@ -277,7 +277,8 @@ ECHO_S = 1.0
 
 
 class Interrupts:
-    """How SIGINT and SIGTERM stop the system, however many of them arrive.
+    """How SIGINT, SIGTERM and SIGHUP (the terminal closed) stop the system, however many of
+    them arrive.
 
     The first raises KeyboardInterrupt in the main thread, so the `finally` that stops the
     system runs whatever ended the command (Ctrl-C, a kill, a CI timeout). Once stopping, a
@@ -294,7 +295,7 @@ class Interrupts:
 
     def install(self) -> Interrupts:
         if threading.current_thread() is threading.main_thread():  # Python's rule
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 signal.signal(sig, self._handle)
         return self
 
