@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 from typer.testing import CliRunner
 
+from pml_cli import eval_folds
 from pml_cli.eval_baselines import PlanKnn, ToolKnn, by_popularity, next_candidates, popularity
 from pml_cli.eval_data import EvalError, ToolQuery
 from pml_cli.eval_runs import (
@@ -32,6 +33,8 @@ from pml_cli.eval_split import gold_seen, gold_sets, train_test_folds, workflow_
 from pml_cli.eval_tools import ToolRun, rank_queries
 from pml_cli.main import app
 from pml_cli.metrics import ToolMetrics
+from pml_common.local_runtime import free_port
+from pml_common.settings import Settings
 
 QUIET = Console(file=io.StringIO())
 TOOLS = "abcdefgh"
@@ -244,3 +247,13 @@ def test_eval_tools_bad_input_is_a_message(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "unknown method" in result.stderr
     result = runner.invoke(app, [*args, "--method", "knn", "--folds", "5"])
     assert result.exit_code == 1 and "cannot read" in result.stderr
+
+
+def test_a_fold_whose_model_never_comes_is_reported_not_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(eval_folds, "TRAINING_TIMEOUT_S", 0.5)
+    nowhere = Settings(scorer_addr=f"127.0.0.1:{free_port()}")  # every ModelInfo fails
+    served = eval_folds.wait_for_model(nowhere, "t", 10)
+    assert (served.complete, served.admitted, served.version) == (False, False, "")
+    assert "all 10 executions" in served.note
