@@ -1,18 +1,30 @@
 """Executions published on the stream lead to a new SHGAT version served by the scorer, and the
-executed capability's score for that intent rises. Public interfaces only: gRPC and streams."""
+executed capability's score for that intent rises; the version was admitted on held-back
+executions, and how the served scores ranked each execution before it was learned (prequential
+figures) is reported by `ModelInfo` and exported as OpenTelemetry metrics. Public interfaces
+only: gRPC, streams and an OTLP collector that the services export to."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 from collections.abc import Callable, Iterator
+from concurrent import futures
 
 import grpc
 import pytest
+from opentelemetry.proto.collector.metrics.v1 import (
+    metrics_service_pb2,
+    metrics_service_pb2_grpc,
+)
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from pml.v1 import common_pb2, scorer_pb2, scorer_pb2_grpc, search_pb2, search_pb2_grpc
 from pml_cli.client import publish_events
 from pml_cli.local_stack import LocalStack
 from pml_common.events import ExecutionCompleted, ExecutionStep
+from pml_common.local_runtime import ManagedProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -50,6 +62,118 @@ INTENTS = {
     ],
 }
 PROBE = "keep my notes safe somewhere else"
+#: The trainer holds back every 5th execution of a tenant (pml_trainer.holdout).
+HELD_BACK_EVERY = 5
+
+
+class Collector(
+    metrics_service_pb2_grpc.MetricsServiceServicer, trace_service_pb2_grpc.TraceServiceServicer
+):
+    """An OTLP receiver: keeps every metric data point the services export (spans are taken
+    and dropped), as (service, metric name, attributes, value) rows."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.points: list[tuple[str, str, dict[str, object], float]] = []
+
+    def Export(self, request, context):  # type: ignore[no-untyped-def]
+        if isinstance(request, trace_service_pb2.ExportTraceServiceRequest):
+            return trace_service_pb2.ExportTraceServiceResponse()
+        rows = [
+            (_service(rm), m.name, _attributes(p.attributes), _value(p))
+            for rm in request.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            for p in _points(m)
+        ]
+        with self._lock:
+            self.points.extend(rows)
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    def latest(self, name: str, **attributes: object) -> float | None:
+        """The last exported value of a metric's series (cumulative: the running total)."""
+        with self._lock:
+            values = [
+                v
+                for _, n, a, v in self.points
+                if n == name and all(a.get(k) == want for k, want in attributes.items())
+            ]
+        return values[-1] if values else None
+
+
+class _TraceSink(trace_service_pb2_grpc.TraceServiceServicer):
+    def Export(self, request, context):  # type: ignore[no-untyped-def]
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def _service(resource_metrics) -> str:  # type: ignore[no-untyped-def]
+    for kv in resource_metrics.resource.attributes:
+        if kv.key == "service.name":
+            return str(kv.value.string_value)
+    return ""
+
+
+def _attributes(kvs) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    out: dict[str, object] = {}
+    for kv in kvs:
+        field = kv.value.WhichOneof("value")
+        out[kv.key] = getattr(kv.value, field) if field else None
+    return out
+
+
+def _points(metric):  # type: ignore[no-untyped-def]
+    kind = metric.WhichOneof("data")
+    return list(getattr(metric, kind).data_points) if kind else []
+
+
+def _value(point) -> float:  # type: ignore[no-untyped-def]
+    """A histogram point's count, else the point's value."""
+    if hasattr(point, "bucket_counts"):
+        return float(point.count)
+    return float(point.as_double if point.HasField("as_double") else point.as_int)
+
+
+@pytest.fixture(scope="module")
+def collector() -> Iterator[Collector]:
+    sink = Collector()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(sink, server)
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceSink(), server)
+    sink.port = server.add_insecure_port("127.0.0.1:0")  # type: ignore[attr-defined]
+    server.start()
+    yield sink
+    server.stop(grace=None)
+
+
+@pytest.fixture(scope="module")
+def stack(
+    redis_server: ManagedProcess,
+    neo4j_server: ManagedProcess,
+    tmp_path_factory: pytest.TempPathFactory,
+    collector: Collector,
+) -> Iterator[LocalStack]:
+    """The e2e system (as in conftest), exporting spans and metrics to `collector` each second."""
+    state = tmp_path_factory.mktemp("e2e-learns")
+    stack = LocalStack.on_free_ports(state, reclaim_idle_ms=1000, log_format="console")
+    stack.settings = stack.settings.model_copy(
+        update={
+            "redis_url": redis_server.url,
+            "neo4j_uri": neo4j_server.url,
+            "otel_exporter_otlp_endpoint": f"http://127.0.0.1:{collector.port}",  # type: ignore[attr-defined]
+        }
+    )
+    # The SDK's export interval, read by the child processes' metric readers.
+    previous = os.environ.get("OTEL_METRIC_EXPORT_INTERVAL")
+    os.environ["OTEL_METRIC_EXPORT_INTERVAL"] = "1000"
+    try:
+        stack.start_services(["search", "trainer"])
+        yield stack
+    finally:
+        stack.stop()
+        if previous is None:
+            os.environ.pop("OTEL_METRIC_EXPORT_INTERVAL", None)
+        else:
+            os.environ["OTEL_METRIC_EXPORT_INTERVAL"] = previous
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +184,9 @@ def scorer(stack: LocalStack) -> Iterator[scorer_pb2_grpc.ScorerServiceStub]:
 
 
 def _backup_score(scorer: scorer_pb2_grpc.ScorerServiceStub, tenant: str) -> tuple[float, str]:
+    # generous: a tenant's first request builds its model, slow on a loaded 2-core machine
     reply = scorer.ScoreCapabilities(
-        scorer_pb2.ScoreRequest(tenant_id=tenant, text=PROBE, top_k=10), timeout=30
+        scorer_pb2.ScoreRequest(tenant_id=tenant, text=PROBE, top_k=10), timeout=120
     )
     scores = {s.id: s.score for s in reply.scores}
     return scores.get("backup", -1.0), reply.model_version
@@ -71,29 +196,11 @@ def test_executions_lead_to_a_served_model_that_prefers_the_executed_capability(
     stack: LocalStack,
     scorer: scorer_pb2_grpc.ScorerServiceStub,
     search_stub: search_pb2_grpc.SearchServiceStub,
+    collector: Collector,
     e2e_tenant: str,
     eventually: Callable[..., object],
 ) -> None:
-    search_stub.RegisterTools(
-        search_pb2.RegisterToolsRequest(
-            tenant_id=e2e_tenant,
-            tools=[
-                common_pb2.Tool(id=t, server=t.split(":")[0], name=t.split(":")[1], description=d)
-                for t, d in TOOLS.items()
-            ],
-        ),
-        timeout=60,
-    )
-    search_stub.RegisterCapabilities(
-        search_pb2.RegisterCapabilitiesRequest(
-            tenant_id=e2e_tenant,
-            capabilities=[
-                common_pb2.Capability(id=c, name=c, tools=tools)
-                for c, tools in CAPABILITIES.items()
-            ],
-        ),
-        timeout=60,
-    )
+    _register(search_stub, e2e_tenant)
     # The trainer writes the graph, GraphChanged reaches the scorer: three capabilities served.
     eventually(lambda: _backup_score(scorer, e2e_tenant), lambda r: r[0] >= 0, timeout=60)
     before, version = _backup_score(scorer, e2e_tenant)
@@ -111,15 +218,113 @@ def test_executions_lead_to_a_served_model_that_prefers_the_executed_capability(
         for cap, intents in INTENTS.items()
         for intent in intents
     ]
-    assert len(events) >= stack.settings.replay_min_traces
+    # One execution in five is held back to judge new versions; the rest are learned from.
+    learned = len(events) - len(events) // HELD_BACK_EVERY
+    assert learned >= stack.settings.replay_min_traces
     asyncio.run(publish_events(stack.settings, events))
 
     info = eventually(
         lambda: scorer.ModelInfo(scorer_pb2.ModelInfoRequest(tenant_id=e2e_tenant), timeout=30),
-        lambda i: i.version != "untrained" and i.metrics.get("traces_seen", 0) >= len(events),
+        lambda i: i.version != "untrained" and i.metrics.get("traces_seen", 0) >= learned,
         timeout=240,
     )
     assert info.fencing_token > 0 and info.num_capabilities == 3  # type: ignore[attr-defined]
     after, served = _backup_score(scorer, e2e_tenant)
     assert served != "untrained"
     assert after > before + 0.05, (before, after)
+
+    # Admitted on the held-back executions: better than the first stage, which served before.
+    admitted = info.last_accepted  # type: ignore[attr-defined]
+    assert admitted.version == info.version and admitted.accepted  # type: ignore[attr-defined]
+    assert admitted.holdout_size == len(events) // HELD_BACK_EVERY
+    assert (admitted.candidate_recall_at_5, admitted.candidate_mrr) > (
+        admitted.first_stage_recall_at_5,
+        admitted.first_stage_mrr,
+    )
+    assert info.correction_weight == admitted.correction_weight > 0  # type: ignore[attr-defined]
+    tools = scorer.ScoreTools(
+        scorer_pb2.ScoreRequest(tenant_id=e2e_tenant, text=PROBE, top_k=3), timeout=30
+    )
+    assert tools.model_version == info.version  # type: ignore[attr-defined]
+    assert tools.correction_weight == admitted.correction_weight
+    # and the decision was exported
+    eventually(
+        lambda: collector.latest(
+            "pml.trainer.gate.decisions", **{"pml.tenant_id": e2e_tenant, "decision": "accepted"}
+        ),
+        lambda n: n is not None and n >= 1,
+        timeout=60,
+    )
+
+
+def test_prequential_figures_in_model_info_and_metrics(
+    stack: LocalStack,
+    scorer: scorer_pb2_grpc.ScorerServiceStub,
+    search_stub: search_pb2_grpc.SearchServiceStub,
+    collector: Collector,
+    e2e_tenant: str,
+    eventually: Callable[..., object],
+) -> None:
+    _register(search_stub, e2e_tenant)
+    eventually(lambda: _backup_score(scorer, e2e_tenant), lambda r: r[0] >= 0, timeout=60)
+    events = [
+        ExecutionCompleted.create(
+            tenant_id=e2e_tenant,
+            intent=intent,
+            steps=[ExecutionStep(node_id=t, success=True) for t in CAPABILITIES["backup"]],
+            outcome="success",
+            capability_id="backup",
+        )
+        for intent in INTENTS["backup"]
+    ]
+    asyncio.run(publish_events(stack.settings, events))
+    asyncio.run(publish_events(stack.settings, events[:1]))  # a redelivery counts once
+
+    info = eventually(
+        lambda: scorer.ModelInfo(scorer_pb2.ModelInfoRequest(tenant_id=e2e_tenant), timeout=30),
+        lambda i: i.prequential.cumulative.count >= len(events),
+        timeout=120,
+    )
+    window, total = info.prequential.window, info.prequential.cumulative  # type: ignore[attr-defined]
+    assert window.count == total.count == len(events)
+    for figures in (window, total):
+        assert 0 <= figures.recall_at_1 <= figures.recall_at_5 <= figures.recall_at_10 <= 1
+        assert 1 <= figures.first_rank <= len(TOOLS)
+    # Too few executions to train on: what was measured is the first stage (8 tools, so every
+    # executed tool is in the top 10).
+    assert info.version == "untrained" and total.recall_at_10 == 1.0  # type: ignore[attr-defined]
+
+    # The trainer exports the same figures: one recall@k and one first-tool rank per execution.
+    tenant = {"pml.tenant_id": e2e_tenant}
+
+    def exported() -> tuple[float | None, ...]:
+        return (
+            collector.latest("pml.trainer.prequential.recall", **tenant, k=5),
+            collector.latest("pml.trainer.prequential.recall", **tenant, k=1),
+            collector.latest("pml.trainer.prequential.first_rank", **tenant),
+        )
+
+    eventually(exported, lambda counts: counts == (len(events),) * 3, timeout=60)
+
+
+def _register(search_stub: search_pb2_grpc.SearchServiceStub, tenant: str) -> None:
+    search_stub.RegisterTools(
+        search_pb2.RegisterToolsRequest(
+            tenant_id=tenant,
+            tools=[
+                common_pb2.Tool(id=t, server=t.split(":")[0], name=t.split(":")[1], description=d)
+                for t, d in TOOLS.items()
+            ],
+        ),
+        timeout=60,
+    )
+    search_stub.RegisterCapabilities(
+        search_pb2.RegisterCapabilitiesRequest(
+            tenant_id=tenant,
+            capabilities=[
+                common_pb2.Capability(id=c, name=c, tools=tools)
+                for c, tools in CAPABILITIES.items()
+            ],
+        ),
+        timeout=60,
+    )
