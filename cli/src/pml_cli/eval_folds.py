@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ from pml_cli.eval_runs import (
     compare_to_baselines,
     methods_of,
     per_query_log,
+    retry_unavailable,
 )
 from pml_cli.eval_split import SPLIT_SEED, gold_seen, train_test_folds
 from pml_cli.eval_split import fold_split as fold_split
@@ -285,12 +287,10 @@ def register_capabilities(
     ]
     stub = client.search_stub(settings)
     for start in range(0, len(messages), client.REGISTER_BATCH):
-        stub.RegisterCapabilities(
-            search_pb2.RegisterCapabilitiesRequest(
-                tenant_id=tenant, capabilities=messages[start : start + client.REGISTER_BATCH]
-            ),
-            timeout=600,
+        request = search_pb2.RegisterCapabilitiesRequest(
+            tenant_id=tenant, capabilities=messages[start : start + client.REGISTER_BATCH]
         )
+        retry_unavailable(partial(stub.RegisterCapabilities, request, timeout=600))
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import grpc
 import numpy as np
@@ -57,6 +57,7 @@ from pml_cli.eval_runs import (
     describe,
     fit_queries,
     per_query_log,
+    retry_unavailable,
 )
 from pml_cli.eval_runs import methods_of as _methods_of
 from pml_cli.eval_split import SPLIT_SEED, gold_seen, steps_of, train_test_folds
@@ -72,8 +73,6 @@ RPC_TIMEOUT_S = 60.0
 IN_FLIGHT = 4
 #: How many next-step candidates the per-query log keeps.
 LOGGED_CANDIDATES = 3
-
-T = TypeVar("T")
 
 
 class PlannerStub(Protocol):
@@ -315,7 +314,7 @@ def planner_asker(stub: PlannerStub, tenant: str, method: str) -> Asker:
         request = planner_pb2.PredictNextRequest(
             tenant_id=tenant, intent=intent, context_tools=context, method=method
         )
-        return _retrying(partial(stub.PredictNext, request, timeout=RPC_TIMEOUT_S))
+        return retry_unavailable(partial(stub.PredictNext, request, timeout=RPC_TIMEOUT_S))
 
     def ask(query: ToolQuery) -> Plan:
         nexts = []
@@ -323,7 +322,7 @@ def planner_asker(stub: PlannerStub, tenant: str, method: str) -> Asker:
             reply = next_step(query.query, context)
             nexts.append(NextAnswer(len(context), want, candidates_of(reply), reply.accepted))
         request = planner_pb2.SuggestDagRequest(tenant_id=tenant, intent=query.query, method=method)
-        dag = _retrying(partial(stub.SuggestDag, request, timeout=RPC_TIMEOUT_S))
+        dag = retry_unavailable(partial(stub.SuggestDag, request, timeout=RPC_TIMEOUT_S))
         edges = [(e.source, e.target) for e in dag.edges]
         return Plan(nexts, list(dag.nodes), edges, list(dag.order), dag.accepted)
 
@@ -342,13 +341,3 @@ def knn_asker(knn: PlanKnn, vectors: dict[str, np.ndarray]) -> Asker:
         return Plan(nexts, list(sequence), sorted(chain_edges(sequence)), list(sequence), True)
 
     return ask
-
-
-def _retrying(call: Callable[[], T]) -> T:
-    """One retry on UNAVAILABLE, so a blip on a shared machine does not void a long run."""
-    try:
-        return call()
-    except grpc.RpcError as exc:
-        if exc.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
-            raise
-        return call()

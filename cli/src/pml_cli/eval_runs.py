@@ -62,6 +62,7 @@ class Figures(Protocol):
 
 
 M = TypeVar("M", bound=Figures)
+T = TypeVar("T")
 
 
 class Grouped(Generic[M]):
@@ -98,6 +99,17 @@ class Failures:
 
     def result(self) -> dict[str, Any]:
         return {"failed": self.count, "errors": self.messages}
+
+
+def retry_unavailable(call: Callable[[], T]) -> T:
+    """`call()`, once more on UNAVAILABLE: a blip on a shared machine, or a server closing an
+    old connection (its maximum connection age) under a long call, must not void a long run."""
+    try:
+        return call()
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+            raise
+        return call()
 
 
 def describe(exc: grpc.RpcError) -> str:

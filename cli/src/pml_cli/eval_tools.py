@@ -48,6 +48,7 @@ from pml_cli.eval_runs import (
     fit_queries,
     methods_of,
     per_query_log,
+    retry_unavailable,
 )
 from pml_cli.local_stack import running_system
 from pml_cli.metrics import ToolMetrics
@@ -83,12 +84,12 @@ def eval_tenant(
     prefix = f"{label}: " if label else ""
     try:
         with console.status(f"{prefix}registering {len(tools)} tools…"):
-            client.register_tools(settings, tenant, tools)
+            # Registering again is harmless: unchanged tools are counted, not stored twice.
+            retry_unavailable(lambda: client.register_tools(settings, tenant, tools))
         yield tenant
     finally:
-        client.search_stub(settings).DeleteTenant(
-            search_pb2.DeleteTenantRequest(tenant_id=tenant), timeout=120
-        )
+        request = search_pb2.DeleteTenantRequest(tenant_id=tenant)
+        retry_unavailable(lambda: client.search_stub(settings).DeleteTenant(request, timeout=120))
 
 
 @dataclass
@@ -220,14 +221,5 @@ def ranker(settings: Settings, tenant: str, method: str) -> Rank:
 
 
 def retrying(rank: Rank) -> Rank:
-    """One retry on UNAVAILABLE, so a blip on a shared machine does not void a long run."""
-
-    def call(query: ToolQuery) -> list[str]:
-        try:
-            return rank(query)
-        except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
-                raise
-            return rank(query)
-
-    return call
+    """`rank`, once more on UNAVAILABLE (`retry_unavailable`)."""
+    return lambda query: retry_unavailable(lambda: rank(query))
