@@ -142,7 +142,8 @@ def per_query_log(path: Path | None) -> Iterator[PerQueryLog]:
         yield PerQueryLog(None)
         return
     try:
-        stream = path.open("w", encoding="utf-8")
+        # Line-buffered: a run stopped half-way still leaves every answer it got.
+        stream = path.open("w", encoding="utf-8", buffering=1)
     except OSError as exc:
         raise EvalError(f"{path}: cannot write: {exc.strerror}") from exc
     with stream:
