@@ -14,7 +14,6 @@ from redis.asyncio import Redis
 from pml_common.settings import Settings
 from pml_common.stores import redis_client
 from pml_planner.thresholds import (
-    DEFAULT_PREFIX,
     FAILURE_MARGIN,
     FAILURE_RATE,
     IGNORED_RATE,
@@ -38,7 +37,6 @@ NEXT = "drdsp:next"
 def test_documented_constants() -> None:
     assert (INITIAL_THRESHOLD, MIN_THRESHOLD, MAX_THRESHOLD) == (0.5, 0.3, 0.9)
     assert (FAILURE_RATE, IGNORED_RATE, SUCCESS_RATE, FAILURE_MARGIN) == (0.2, 0.1, 0.05, 0.05)
-    assert DEFAULT_PREFIX == "pml:planner:thresholds"
 
 
 def test_decision_at_the_initial_threshold() -> None:

@@ -19,6 +19,7 @@ import numpy as np
 import structlog
 from redis.exceptions import RedisError
 
+from pml_common import redis_keys
 from pml_common.settings import Settings
 
 if TYPE_CHECKING:
@@ -368,8 +369,6 @@ class CachedEmbedder(Embedder):
     is an optimisation only: any Redis failure is logged and the vectors are computed instead.
     """
 
-    KEY_PREFIX = "pml:emb"
-
     def __init__(
         self,
         inner: Embedder,
@@ -397,7 +396,7 @@ class CachedEmbedder(Embedder):
 
     def key(self, text: str, kind: str) -> str:
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        return f"{self.KEY_PREFIX}:{self.name}:{kind}:{digest}"
+        return redis_keys.embedding(self.name, kind, digest)
 
     async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         return await self._embed(texts, "q")

@@ -19,6 +19,8 @@ from datetime import datetime
 
 from redis.asyncio import Redis
 
+from pml_common import redis_keys
+
 CLAIM_TTL_S = 7 * 24 * 3600
 
 # KEYS[1] the document's claim, KEYS[2] the tenant's deletion; ARGV[1] the request time (µs).
@@ -54,11 +56,9 @@ class LatestWins:
         self._tenant = redis.register_script(_CLAIM_TENANT)
 
     def _key(self, tenant: str, doc: str | None = None) -> str:
-        # The tenant's length keeps ids holding ':' apart ("a" + "b:c" is not "a:b" + "c").
-        where = f"{len(tenant)}:{tenant}"
         if doc is None:
-            return f"pml:latest:{self._scope}:tenant:{where}"
-        return f"pml:latest:{self._scope}:document:{where}:{doc}"
+            return redis_keys.latest_tenant(self._scope, tenant)
+        return redis_keys.latest_document(self._scope, tenant, doc)
 
     async def claim_document(self, tenant: str, doc: str, at: datetime) -> bool:
         """True when a request about `doc` made at `at` is still the latest one to apply."""

@@ -32,10 +32,12 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
+from pml_common import redis_keys
+
 #: Redis counter from which every acquisition of the trainer lock takes its fencing token.
-FENCING_COUNTER_KEY = "pml:trainer:fencing"
+FENCING_COUNTER_KEY = redis_keys.TRAINER_FENCING
 #: Key of the trainer lock.
-DEFAULT_LOCK_NAME = "pml:trainer:lock"
+DEFAULT_LOCK_NAME = redis_keys.TRAINER_LOCK
 
 log = structlog.get_logger("pml_common.lease_lock")
 

@@ -31,6 +31,7 @@ import redis.asyncio as aioredis
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
+from pml_common import redis_keys
 from pml_common.lease_lock import FENCING_COUNTER_KEY
 
 log = structlog.get_logger("pml_common.model_registry")
@@ -260,13 +261,12 @@ class _Keys:
     def __init__(self, tenant_id: str) -> None:
         if not tenant_id:
             raise ValueError("tenant_id must not be empty")
-        prefix = f"pml:model:{tenant_id}"
-        self.seq = f"{prefix}:seq"
-        self.current = f"{prefix}:current"
-        self.versions = f"{prefix}:versions"
-        self.records = f"{prefix}:records"
-        self.blobs = f"{prefix}:blobs"
-        self.rejected = f"{prefix}:rejected"
+        self.seq = redis_keys.model(tenant_id, "seq")
+        self.current = redis_keys.model(tenant_id, "current")
+        self.versions = redis_keys.model(tenant_id, "versions")
+        self.records = redis_keys.model(tenant_id, "records")
+        self.blobs = redis_keys.model(tenant_id, "blobs")
+        self.rejected = redis_keys.model(tenant_id, "rejected")
 
 
 def _check_reply(tenant_id: str, fencing_token: int, reply: list[bytes | int]) -> None:

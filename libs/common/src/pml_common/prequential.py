@@ -18,6 +18,8 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict, Field
 
+from pml_common import redis_keys
+
 #: Executions in the recent window.
 WINDOW = 200
 
@@ -122,7 +124,6 @@ class _Keys:
     def __init__(self, tenant_id: str) -> None:
         if not tenant_id:
             raise ValueError("tenant_id must not be empty")
-        prefix = f"pml:prequential:{tenant_id}"
-        self.window = f"{prefix}:window"
-        self.figures = f"{prefix}:figures"
-        self.totals = f"{prefix}:totals"
+        self.window = redis_keys.prequential(tenant_id, "window")
+        self.figures = redis_keys.prequential(tenant_id, "figures")
+        self.totals = redis_keys.prequential(tenant_id, "totals")

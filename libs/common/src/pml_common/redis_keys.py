@@ -85,3 +85,36 @@ def embedding(model: str, kind: str, digest: str) -> str:
     and escaping it would orphan every vector already cached).
     """
     return ":".join((_ROOT, "emb", model, kind, digest))
+
+
+def model(tenant: str, part: str) -> str:
+    """One of a tenant's model registry keys: `seq`, `current`, `versions`, `records`, `blobs`,
+    `rejected` (`pml_common.model_registry`)."""
+    return key("model", tenant, part)
+
+
+def prequential(tenant: str, part: str) -> str:
+    """One of a tenant's prequential evaluation keys: `window`, `figures`, `totals`."""
+    return key("prequential", tenant, part)
+
+
+def replay(tenant: str, part: str) -> str:
+    """One of a tenant's replay buffer keys: `traces`, `priorities`, `order`, `steps` (trainer)."""
+    return key("replay", tenant, part)
+
+
+def holdout(tenant: str, part: str) -> str:
+    """One of a tenant's held-out trace keys: `traces`, `order` (trainer)."""
+    return key("holdout", tenant, part)
+
+
+# Keys of no tenant: hashes whose fields are tenant ids, and the trainer's lock.
+#: Executions added to each tenant's replay buffer (field: tenant).
+REPLAY_ADDED = key("replay", "added")
+#: Executions each tenant's model was trained up to (field: tenant).
+REPLAY_TRAINED = key("replay", "trained")
+#: Executions routed per tenant by the holdout split (field: tenant).
+HOLDOUT_SEEN = key("holdout", "seen")
+#: The trainer's lease lock, and the counter its fencing tokens come from.
+TRAINER_LOCK = key("trainer", "lock")
+TRAINER_FENCING = key("trainer", "fencing")

@@ -1,8 +1,9 @@
 """Per-document, per-pass ingestion status, kept in Redis by the ingest service and workers.
 
-One hash per document, `pml:ingest:status:{tenant}:{document_id}`, with `content_hash`,
+One hash per document (`redis_keys.ingest_status`, whose parts are escaped so that tenant `a:x`
+with document `y` and tenant `a` with document `x:y` never share it), with `content_hash`,
 `title` and, for each pass, `<pass>:state` (pending, running, done, failed), `<pass>:updated_at`
-and `<pass>:error`; the set `pml:ingest:documents:{tenant}` lists a tenant's documents. A pass
+and `<pass>:error`; a set per tenant (`redis_keys.ingest_documents`) lists its documents. A pass
 only records states for the content hash the document currently has, so a late event about an
 older version never overwrites the status of the newer one.
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from pml_common import redis_keys
 from pml_common.events import utcnow
 
 PASSES = ("chunking", "pass1", "pass2a", "pass2b", "pass3")
@@ -49,11 +51,11 @@ class DocumentStatus:
 
 
 def _key(tenant: str, doc: str) -> str:
-    return f"pml:ingest:status:{tenant}:{doc}"
+    return redis_keys.ingest_status(tenant, doc)
 
 
 def _index(tenant: str) -> str:
-    return f"pml:ingest:documents:{tenant}"
+    return redis_keys.ingest_documents(tenant)
 
 
 def _text(value: bytes | str | None) -> str:

@@ -17,10 +17,10 @@ import json
 
 import redis.asyncio as aioredis
 
+from pml_common import redis_keys
 from pml_common.events import ExecutionCompleted
 from pml_planner.thresholds import Outcome, RedisThresholdStore
 
-PREFIX = "pml:planner:suggestions"
 MEMORY_TTL_S = 24 * 3600
 
 
@@ -36,7 +36,7 @@ class SuggestionMemory:
     async def remember(
         self, tenant: str, intent: str, kind: str, context: str, confidence: float, tools: list[str]
     ) -> None:
-        key = f"{PREFIX}:{tenant}"
+        key = redis_keys.planner_suggestions(tenant)
         record = json.dumps({"context": context, "confidence": confidence, "tools": tools})
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(key, _field(intent, kind), record)
@@ -45,12 +45,12 @@ class SuggestionMemory:
 
     async def forget_tenant(self, tenant: str) -> None:
         """Drop the tenant's remembered suggestions and the thresholds they taught."""
-        await self._redis.delete(f"{PREFIX}:{tenant}")
+        await self._redis.delete(redis_keys.planner_suggestions(tenant))
         await self._thresholds.delete_tenant(tenant)
 
     async def learn(self, event: ExecutionCompleted) -> list[tuple[str, Outcome]]:
         """Give the suggestions made for this intent their outcome; returns what was learned."""
-        key = f"{PREFIX}:{event.tenant_id}"
+        key = redis_keys.planner_suggestions(event.tenant_id)
         learned: list[tuple[str, Outcome]] = []
         for kind in ("next", "dag"):
             field = _field(event.intent, kind)

@@ -24,9 +24,10 @@ valid and pass any threshold; targets are clipped to `maximum`.
 
 State. One small pydantic `ThresholdState` per context (threshold and outcome counters),
 serialised to JSON. `RedisThresholdStore` keeps every context of a tenant in one hash,
-`{prefix}:{tenant}` → field `context`, so tenants are isolated by key and deleting a tenant is
-one DEL. Updates are read → compute in Python → compare-and-set in a Lua script, retried on a
-conflict: concurrent planner replicas never lose an update, and the rule lives only here.
+`redis_keys.planner_thresholds(tenant)` → field `context`, so tenants are isolated by key and
+deleting a tenant is one DEL. Updates are read → compute in Python → compare-and-set in a Lua
+script, retried on a conflict: concurrent planner replicas never lose an update, and the rule
+lives only here.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from typing import Literal
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pml_common import redis_keys
+
 INITIAL_THRESHOLD = 0.5
 MIN_THRESHOLD = 0.3
 MAX_THRESHOLD = 0.9
@@ -51,7 +54,6 @@ SUCCESS_RATE = 0.05
 #: How far above a failed confidence the threshold aims.
 FAILURE_MARGIN = 0.05
 
-DEFAULT_PREFIX = "pml:planner:thresholds"
 #: Compare-and-set attempts before giving up; each round of a contention has one winner, so
 #: this bounds the number of writers racing on one context, far above what a planner runs.
 CAS_ATTEMPTS = 100
@@ -222,19 +224,17 @@ class RedisThresholdStore:
     def __init__(
         self,
         redis: aioredis.Redis,
-        prefix: str = DEFAULT_PREFIX,
         *,
         policy: ThresholdPolicy = DEFAULT_POLICY,
     ) -> None:
         self._redis = redis
-        self.prefix = prefix
         self.policy = policy
         self._cas = redis.register_script(_COMPARE_AND_SET)
 
     def key(self, tenant_id: str) -> str:
         if not tenant_id:
             raise ValueError("tenant_id must not be empty")
-        return f"{self.prefix}:{tenant_id}"
+        return redis_keys.planner_thresholds(tenant_id)
 
     async def get(self, tenant_id: str, context: str) -> ThresholdState:
         """The context's state; the initial one when nothing was learned yet."""

@@ -19,9 +19,10 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 import structlog
 
+from pml_common import redis_keys
 from pml_trainer.replay_buffer import Trace, traces_key
 
-SEEN_KEY = "pml:holdout:seen"
+SEEN_KEY = redis_keys.HOLDOUT_SEEN
 
 log = structlog.get_logger(__name__)
 
@@ -100,6 +101,5 @@ class _Keys:
     def __init__(self, tenant_id: str) -> None:
         if not tenant_id:
             raise ValueError("tenant_id must not be empty")
-        prefix = f"pml:holdout:{tenant_id}"
-        self.traces = f"{prefix}:traces"
-        self.order = f"{prefix}:order"
+        self.traces = redis_keys.holdout(tenant_id, "traces")
+        self.order = redis_keys.holdout(tenant_id, "order")

@@ -34,8 +34,10 @@ import structlog
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
-ADDED_KEY = "pml:replay:added"
-TRAINED_KEY = "pml:replay:trained"
+from pml_common import redis_keys
+
+ADDED_KEY = redis_keys.REPLAY_ADDED
+TRAINED_KEY = redis_keys.REPLAY_TRAINED
 #: Resamples when a sampled trace was evicted between reading priorities and traces.
 _SAMPLE_ATTEMPTS = 5
 
@@ -281,8 +283,7 @@ class _Keys:
     def __init__(self, tenant_id: str) -> None:
         if not tenant_id:
             raise ValueError("tenant_id must not be empty")
-        prefix = f"pml:replay:{tenant_id}"
-        self.traces = f"{prefix}:traces"
-        self.priorities = f"{prefix}:priorities"
-        self.order = f"{prefix}:order"
-        self.steps = f"{prefix}:steps"
+        self.traces = redis_keys.replay(tenant_id, "traces")
+        self.priorities = redis_keys.replay(tenant_id, "priorities")
+        self.order = redis_keys.replay(tenant_id, "order")
+        self.steps = redis_keys.replay(tenant_id, "steps")
