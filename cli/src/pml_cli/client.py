@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.json_format import MessageToDict
@@ -20,9 +20,11 @@ from pml.v1 import (
     search_pb2,
     search_pb2_grpc,
 )
-from pml_common.events import Event, ToolSpec
 from pml_common.grpc_client import blocking_channel
 from pml_common.settings import Settings
+
+if TYPE_CHECKING:  # the event models take a tenth of a second to build: not for `pml search`
+    from pml_common.events import Event, ToolSpec
 
 REGISTER_BATCH = 500
 

@@ -99,9 +99,24 @@ def rpc_failure(exc: grpc.RpcError) -> NoReturn:
     fail(f"{code.name}: {detail}", 2)
 
 
+#: Commands that make one call and print: their logs need no tracing ids, and the tracing
+#: SDK that `configure_logging` imports would be a good part of their start-up.
+QUICK_COMMANDS = ("search", "plan", "ask", "config")
+
+
 @app.callback()
-def _quiet_logs() -> None:
+def _quiet_logs(ctx: typer.Context) -> None:
     """Library logs go to stderr, warnings and up, so command output stays clean."""
+    if ctx.invoked_subcommand in QUICK_COMMANDS:
+        import logging
+
+        import structlog
+
+        structlog.configure(
+            wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+            logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        )
+        return
     from pml_common.telemetry import configure_logging
 
     configure_logging("pml-cli", Settings(log_level="WARNING", log_format="console"))
