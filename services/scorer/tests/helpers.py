@@ -20,9 +20,11 @@ from pml_common.events import ModelPublished
 from pml_common.lease_lock import FENCING_COUNTER_KEY
 from pml_common.model_registry import ModelRecord, ModelRegistry
 from pml_common.settings import Settings
+from pml_common.tool_first_stage import FusedFirstStage
 from pml_common.tool_graph import read_tool_graph
 from pml_shgat.hierarchy import Hierarchy
 from pml_shgat.params import Params, ShgatConfig, init_params, make_config, to_bytes
+from pml_shgat.serving import ScoredNode
 
 TOOLS = [
     ("filesystem:read_file", "Read the complete contents of a file from the file system."),
@@ -125,6 +127,20 @@ async def untrained_reference(
     hierarchy = Hierarchy.build(graph.tool_vectors, graph.capabilities, dim=embedder.dim)
     config = make_config(hierarchy.dim, settings.shgat_key_dim, hierarchy.num_nodes)
     return hierarchy, config, init_params(config, hierarchy.features, hierarchy.num_levels)
+
+
+async def first_stage_reference(
+    driver: neo4j.AsyncDriver, settings: Settings, tenant: str, embedder: Embedder
+) -> FusedFirstStage:
+    """The tenant's untrained first stage, built here from the same graph reader."""
+    graph = await read_tool_graph(driver, settings.neo4j_database, tenant, embedder)
+    return FusedFirstStage.of_graph(graph)
+
+
+def ranked(ids: tuple[str, ...], scores: np.ndarray, k: int) -> list[ScoredNode]:
+    """The `k` best of `scores` as the scorer serves tools (ties keep the catalog order)."""
+    order = np.argsort(-scores, kind="stable")[:k]
+    return [ScoredNode(ids[i], float(scores[i]), -1) for i in order]
 
 
 def variant(config: ShgatConfig, params: Params, seed: int) -> Params:

@@ -24,12 +24,20 @@ from pml.v1 import scorer_pb2, scorer_pb2_grpc
 from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
 from pml_common.testing import eventually
+from pml_common.tool_first_stage import FusedFirstStage
 from pml_scorer.main import ScorerApp
 from pml_shgat.gating import WEIGHT_METRIC, served_scores, tool_scores
 from pml_shgat.params import Params
 from pml_shgat.serving import ScoredNode, ServingModel
 
-from .helpers import announce_model, untrained_reference, variant, write_catalog
+from .helpers import (
+    announce_model,
+    first_stage_reference,
+    ranked,
+    untrained_reference,
+    variant,
+    write_catalog,
+)
 
 INTENTS = ["take a screenshot of a web page", "commit and push my changes"]
 CLIENTS = 6
@@ -78,14 +86,17 @@ WEIGHT = 1.0
 
 
 def expected(
-    model: ServingModel, first_stage: ServingModel, kind: str, vector: np.ndarray, weight: float
+    model: ServingModel,
+    first_stage: FusedFirstStage,
+    kind: str,
+    intent: int,
+    weight: float,
+    vector: np.ndarray,
 ) -> list[ScoredNode]:
     if kind == "capabilities":
         return model.score_capabilities(vector, 100)
-    scores = served_scores(tool_scores(first_stage, vector), tool_scores(model, vector), weight)
-    ids = model.hierarchy.tool_ids
-    order = np.argsort(-scores, kind="stable")
-    return [ScoredNode(ids[i], float(scores[i]), -1) for i in order]
+    first = first_stage.scores(INTENTS[intent], vector)
+    return ranked(first_stage.ids, served_scores(first, tool_scores(model, vector), weight), 100)
 
 
 async def test_responses_during_repeated_swaps_match_the_version_they_report(
@@ -138,22 +149,21 @@ async def test_responses_during_repeated_swaps_match_the_version_they_report(
         await asyncio.gather(*clients)
 
     models = {v: ServingModel(config, p, hierarchy) for v, p in params_of.items()}
-    first = models["untrained"]
+    first = await first_stage_reference(graph_db, settings, tenant, app.embedder)
     weights = {v: 0.0 if v == "untrained" else WEIGHT for v in models}
+
+    def want_of(v: str, kind: str, i: int) -> list[ScoredNode]:
+        return expected(models[v], first, kind, i, weights[v], vectors[i])
+
     # The check can tell the versions apart: no two give the same scores.
-    signatures = {
-        v: tuple(round(s.score, 9) for s in expected(m, first, "tools", vectors[0], weights[v]))
-        for v, m in models.items()
-    }
+    signatures = {v: tuple(round(s.score, 9) for s in want_of(v, "tools", 0)) for v in models}
     assert len(set(signatures.values())) == len(models)
 
     assert len(answers) > 100, f"only {len(answers)} answers under load"
     # What each version gives, per kind and intent (few combinations, many answers).
     want = {
-        (v, kind, i): [
-            (w.id, w.score, w.level) for w in expected(m, first, kind, vectors[i], weights[v])
-        ]
-        for v, m in models.items()
+        (v, kind, i): [(w.id, w.score, w.level) for w in want_of(v, kind, i)]
+        for v in models
         for kind in ("capabilities", "tools")
         for i in range(len(INTENTS))
     }

@@ -30,6 +30,8 @@ from .helpers import (
     CAPABILITIES,
     TOOLS,
     announce_model,
+    first_stage_reference,
+    ranked,
     untrained_reference,
     variant,
     write_catalog,
@@ -64,8 +66,11 @@ async def reference(
 
 
 async def test_untrained_scores_equal_the_serving_model(
+    app: ScorerApp,
     stub: scorer_pb2_grpc.ScorerServiceStub,
     reference: tuple[ServingModel, np.ndarray],
+    graph_db: neo4j.AsyncDriver,
+    settings: Settings,
     tenant: str,
 ) -> None:
     model, vector = reference
@@ -79,10 +84,13 @@ async def test_untrained_scores_equal_the_serving_model(
     # The untrained model ranks like cosine similarity: the screenshot capability wins.
     assert caps.scores[0].id == "cap:screenshot_page"
 
+    # Tools: the untrained first stage (BM25 and cosine fused), no learned correction.
     tools = await stub.ScoreTools(
         scorer_pb2.ScoreRequest(tenant_id=tenant, text=INTENT, top_k=3), timeout=30
     )
-    assert_same(tools.scores, model.score_tools(vector, 3))
+    assert tools.correction_weight == 0.0
+    first = await first_stage_reference(graph_db, settings, tenant, app.embedder)
+    assert_same(tools.scores, ranked(first.ids, first.scores(INTENT, vector), 3))
     assert tools.scores[0].id == "playwright:browser_take_screenshot"
     assert all(s.level == -1 for s in tools.scores)
 
@@ -342,23 +350,23 @@ async def test_tools_are_served_as_the_first_stage_plus_the_weighted_correction(
     settings: Settings,
     tenant: str,
 ) -> None:
-    first_stage, vector = reference
+    _, vector = reference
     hierarchy, config, initial = await untrained_reference(graph_db, settings, tenant, app.embedder)
     params = variant(config, initial, seed=3)
     trained = ServingModel(config, params, hierarchy)
-    ids = first_stage.hierarchy.tool_ids
+    first = await first_stage_reference(graph_db, settings, tenant, app.embedder)
+    ids = first.ids
+    assert ids == hierarchy.tool_ids
 
     record = await announce_model(
         app.bus, registry, redis, tenant, config, params, {WEIGHT_METRIC: 0.5}
     )
     reply = await _served_tools(stub, tenant, record.version)
     assert reply.correction_weight == 0.5
-    want = tool_scores(first_stage, vector) + 0.5 * tool_scores(trained, vector)
-    order = np.argsort(-want, kind="stable")
-    assert [s.id for s in reply.scores] == [ids[i] for i in order]
-    np.testing.assert_allclose([s.score for s in reply.scores], want[order], atol=1e-9)
+    want = first.scores(INTENT, vector) + 0.5 * tool_scores(trained, vector)
+    assert_same(reply.scores, ranked(ids, want, 100))
     # the correction changes the ranking of this intent, so the check above can fail
-    alone = first_stage.score_tools(vector, 100)
+    alone = ranked(ids, first.scores(INTENT, vector), 100)
     assert [s.id for s in reply.scores] != [s.id for s in alone]
 
     # w = 0: the trained version serves capabilities, but tools rank exactly like the first

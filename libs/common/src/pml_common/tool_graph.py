@@ -19,7 +19,8 @@ from pml_common.embedding import Embedder, catalog_text
 
 _TOOLS = """
 MATCH (t:Tool {tenant_id: $tenant})
-RETURN t.id AS id, coalesce(t.name, t.id) AS name, coalesce(t.description, '') AS description
+RETURN t.id AS id, coalesce(t.name, t.id) AS name, coalesce(t.description, '') AS description,
+       coalesce(t.server, '') AS server
 ORDER BY id
 """
 
@@ -45,6 +46,8 @@ class GraphTool:
     id: str
     name: str
     description: str
+    #: The MCP server, read for the first stage's lexical index.
+    server: str = ""
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,9 @@ async def read_tool_graph(
     """The tenant's tools and capabilities with their members and embeddings."""
     tools_result = await driver.execute_query(_TOOLS, tenant=tenant, database_=database)
     caps_result = await driver.execute_query(_CAPABILITIES, tenant=tenant, database_=database)
-    tools = tuple(GraphTool(r["id"], r["name"], r["description"]) for r in tools_result.records)
+    tools = tuple(
+        GraphTool(r["id"], r["name"], r["description"], r["server"]) for r in tools_result.records
+    )
     tool_vectors = await _embed(embedder, [catalog_text(t.name, t.description) for t in tools])
     described = [r for r in caps_result.records if r["description"].strip()]
     cap_vectors = await _embed(

@@ -9,7 +9,8 @@ registry's current parameters. Before any model was published, or when the publi
 be used (another embedding size, unreadable bytes), the initial parameters are served: they
 rank like cosine similarity, so the scorer answers sensibly before any training.
 
-Tools are served as the untrained first stage plus the learned correction,
+Tools are served as the untrained first stage (`pml_common.tool_first_stage`: BM25 over the
+tools' texts and cosine, fused) plus the learned correction,
 `first_stage + w · SHGAT score` (`pml_shgat.gating`), with the weight w the trainer's gate chose
 for the published version on held-back executions (0, the first stage alone, before any version
 was admitted and for a version published without one).
@@ -29,10 +30,11 @@ from numpy.typing import NDArray
 
 from pml_common.embedding import Embedder
 from pml_common.model_registry import ModelRecord, ModelRegistry
+from pml_common.tool_first_stage import FusedFirstStage
 from pml_common.tool_graph import ToolGraph, read_tool_graph
-from pml_shgat.gating import WEIGHT_METRIC, UntrainedShgat, served_scores, tool_scores
+from pml_shgat.gating import WEIGHT_METRIC, Baseline, served_scores, tool_scores
 from pml_shgat.hierarchy import Hierarchy
-from pml_shgat.params import Params, ShgatConfig, from_bytes
+from pml_shgat.params import Params, ShgatConfig, from_bytes, init_params, make_config
 from pml_shgat.serving import ScoredNode, ServingModel
 
 #: Version reported while a tenant has no usable published model.
@@ -53,7 +55,7 @@ class TenantModel:
     graph_digest: bytes
     registry_version: str | None
     #: The untrained first stage of the tenant's tools.
-    baseline: UntrainedShgat
+    baseline: Baseline
     #: Weight of the learned correction in the served tool score (0: the first stage alone).
     weight: float = 0.0
 
@@ -132,17 +134,19 @@ class ModelBuilder:
         digest: bytes,
         published: tuple[ModelRecord, bytes] | None,
         hierarchy: Hierarchy | None,
-        baseline: UntrainedShgat | None,
+        baseline: Baseline | None,
     ) -> TenantModel:
         """The model of `graph` (whose `hierarchy` and `baseline`, when built, are reused)."""
         if hierarchy is None:
             hierarchy = Hierarchy.build(graph.tool_vectors, graph.capabilities, dim=self.dim)
         if baseline is None:
-            baseline = UntrainedShgat(hierarchy, self._key_dim)
+            baseline = FusedFirstStage.of_graph(graph)
         usable = self._usable(tenant, published)
         weight = 0.0
         if usable is None:
-            model, record = baseline.model, None  # the untrained model is the first stage
+            config = make_config(self.dim, self._key_dim, hierarchy.num_nodes)
+            params = init_params(config, hierarchy.features, hierarchy.num_levels)
+            model, record = ServingModel(config, params, hierarchy), None
         else:
             record, config, params = usable
             model = ServingModel(config, params, hierarchy)
@@ -192,7 +196,7 @@ class ModelBuilder:
 def graph_digest(graph: ToolGraph) -> bytes:
     """What of the graph the model depends on: nodes, their texts and memberships."""
     rows = (
-        tuple((t.id, t.name, t.description) for t in graph.tools),
+        tuple((t.id, t.server, t.name, t.description) for t in graph.tools),
         tuple((c.id, c.name, c.description, c.tools, c.capabilities) for c in graph.capabilities),
     )
     # repr of tuples of strings is unambiguous (quoted, escaped), so equal digests mean equal rows.

@@ -1,7 +1,8 @@
 """How the scorer ranks a tenant's tools right now, as the trainer sees it: prequential figures
 and the held-back comparison that gates every new version (`pml_shgat.gating`).
 
-A `TenantView` is the tenant's hierarchy, its untrained first stage and its serving version
+A `TenantView` is the tenant's hierarchy, its untrained first stage
+(`pml_common.tool_first_stage`) and its serving version
 (parameters and correction weight w), so `served` computes what `ScoreTools` serves:
 `first_stage + w · SHGAT`. Views are cached per tenant and rebuilt when the registry's version
 changes or after `max_age_s` (new tools reach the prequential figures within that delay; a tool
@@ -10,6 +11,7 @@ the view does not know yet counts as ranked last).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,12 +25,12 @@ from opentelemetry import metrics
 from pml_common.embedding import Embedder
 from pml_common.model_registry import ModelRecord, ModelRegistry
 from pml_common.prequential import PrequentialStore
+from pml_common.tool_first_stage import FusedFirstStage
 from pml_common.tool_graph import ToolGraph, read_tool_graph
 from pml_shgat.gating import (
     WEIGHT_METRIC,
     Baseline,
     Judged,
-    UntrainedShgat,
     one_figures,
     served_scores,
     tool_scores,
@@ -75,11 +77,11 @@ class TenantView:
 
 
 def build_view(
-    hierarchy: Hierarchy, published: tuple[ModelRecord, bytes] | None, key_dim: int
+    graph: ToolGraph, hierarchy: Hierarchy, published: tuple[ModelRecord, bytes] | None
 ) -> TenantView:
-    """The view of a hierarchy served with `published` (the first stage alone when None or
-    unusable)."""
-    baseline = UntrainedShgat(hierarchy, key_dim)
+    """The view of a tenant's graph (and its hierarchy) served with `published` (the first
+    stage alone when None or unusable)."""
+    baseline = FusedFirstStage.of_graph(graph)
     serving, weight, version = None, 0.0, "untrained"
     if published is not None:
         record, blob = published
@@ -108,14 +110,12 @@ class TenantViews:
         database: str,
         embedder: Embedder,
         registry: ModelRegistry,
-        key_dim: int,
         max_age_s: float = 10.0,
     ) -> None:
         self._driver = driver
         self._database = database
         self._embedder = embedder
         self._registry = registry
-        self._key_dim = key_dim
         self._max_age_s = max_age_s
         self._views: dict[str, TenantView] = {}
 
@@ -127,7 +127,8 @@ class TenantViews:
                 return cached
         graph = await read_tool_graph(self._driver, self._database, tenant, self._embedder)
         published = await self._registry.current(tenant)
-        view = build_view(hierarchy_of(graph, self._embedder.dim), published, self._key_dim)
+        hierarchy = hierarchy_of(graph, self._embedder.dim)
+        view = await asyncio.to_thread(build_view, graph, hierarchy, published)
         self._views[tenant] = view
         return view
 

@@ -35,13 +35,13 @@ from pml_common.embedding import Embedder
 from pml_common.events import ModelPublished
 from pml_common.lease_lock import Lease, LeaseLock
 from pml_common.model_registry import ModelRecord, ModelRegistry, StaleFencingToken
-from pml_common.tool_graph import read_tool_graph
+from pml_common.tool_graph import ToolGraph, read_tool_graph
 from pml_shgat.gating import Judged, Verdict, judge, tool_scores
 from pml_shgat.hierarchy import Hierarchy
 from pml_shgat.params import Params, ShgatConfig, from_bytes, init_params, make_config, to_bytes
 from pml_shgat.serving import ServingModel
 from pml_shgat.training import ShgatTrainer, make_batch, path_examples
-from pml_trainer.evaluation import TenantView, build_view
+from pml_trainer.evaluation import TenantView, build_view, hierarchy_of
 from pml_trainer.handlers import Publisher
 from pml_trainer.holdout import HoldOut
 from pml_trainer.replay_buffer import ReplayBuffer, Sample, Trace
@@ -166,7 +166,7 @@ class LearningLoop:
         wall_start: float,
     ) -> ModelRecord | None:
         upto = await self._buffer.added_count(tenant)
-        hierarchy = await self._hierarchy(tenant)
+        graph, hierarchy = await self._graph(tenant)
         if hierarchy.num_nodes == 0:
             await self._buffer.mark_trained(tenant, upto)
             return None
@@ -189,7 +189,7 @@ class LearningLoop:
             "traces_seen": float(upto),
         }
         record = await self.admit(
-            tenant, lease, hierarchy, published, config, trainer.params, metrics, wall_start
+            tenant, lease, graph, hierarchy, published, config, trainer.params, metrics, wall_start
         )
         await self._buffer.mark_trained(tenant, upto)
         log.info(
@@ -208,6 +208,7 @@ class LearningLoop:
         self,
         tenant: str,
         lease: Lease,
+        graph: ToolGraph,
         hierarchy: Hierarchy,
         published: tuple[ModelRecord, bytes] | None,
         config: ShgatConfig,
@@ -218,7 +219,7 @@ class LearningLoop:
         """Publish the candidate if the gate admits it against `published` (the serving
         version, None for the first stage alone), else keep it as the last rejected one; the
         record's metrics carry the decision (`accepted`) and the figures it was made on."""
-        serving = await asyncio.to_thread(build_view, hierarchy, published, self._config.key_dim)
+        serving = await asyncio.to_thread(build_view, graph, hierarchy, published)
         verdict = await self.gate(tenant, serving, config, params)
         _check(lease, None)
         figures = {
@@ -294,9 +295,9 @@ class LearningLoop:
         await self._buffer.update_priorities(tenant, sample.ids, td)
         return stats.loss, float(np.mean(np.abs(td)))
 
-    async def _hierarchy(self, tenant: str) -> Hierarchy:
+    async def _graph(self, tenant: str) -> tuple[ToolGraph, Hierarchy]:
         graph = await read_tool_graph(self._driver, self._database, tenant, self._embedder)
-        return Hierarchy.build(graph.tool_vectors, graph.capabilities, dim=self._embedder.dim)
+        return graph, hierarchy_of(graph, self._embedder.dim)
 
     def _starting_point(
         self, tenant: str, hierarchy: Hierarchy, current: tuple[ModelRecord, bytes] | None

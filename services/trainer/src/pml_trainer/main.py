@@ -58,9 +58,7 @@ async def serve(settings: Settings) -> None:
         replay = _replay_buffer(settings, redis)
         registry = ModelRegistry(redis, settings.model_keep_versions)
         holdout = HoldOut(redis)
-        views = TenantViews(
-            driver, settings.neo4j_database, embedder, registry, settings.shgat_key_dim
-        )
+        views = TenantViews(driver, settings.neo4j_database, embedder, registry)
         prequential = Prequential(views, PrequentialStore(redis), embedder)
         handlers = TrainerHandlers(
             store,
