@@ -149,3 +149,22 @@ def test_knowledge_ask_refuses_bad_input(e2e_settings) -> None:
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "k must be" in message
         answer = stub.Ask(knowledge_pb2.AskRequest(question="why?"), timeout=30)
     assert answer.mode == knowledge_pb2.ANSWER_MODE_TEXT_ONLY  # nothing ingested: text only
+
+
+@pytest.mark.parametrize(
+    ("raw", "what"),
+    [
+        (b"\x0a\x05ab", "truncated"),  # tenant_id claims 5 bytes, 2 follow
+        (b"\x12\x02\xff\xfe", "invalid UTF-8"),  # query holds bytes that are not UTF-8
+        (b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", "garbage"),
+    ],
+)
+def test_malformed_protobuf_is_invalid_argument(e2e_settings, stack, raw: bytes, what: str) -> None:
+    """A request that does not decode answered UNKNOWN, with a traceback in the log."""
+    with grpc.insecure_channel(e2e_settings.search_addr) as channel:
+        search = channel.unary_unary("/pml.v1.SearchService/Search")
+        code, details = _code(lambda: search(raw, timeout=10))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, (what, code, details)
+    assert "could not be decoded as pml.v1.SearchRequest" in details
+    log = (stack.state_dir / "logs" / "search.log").read_text(errors="replace")
+    assert "DecodeError" not in log

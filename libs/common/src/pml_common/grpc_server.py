@@ -3,7 +3,9 @@
 `GrpcServer` adds what every service needs around its servicers: health checking (SERVING once
 started, NOT_SERVING while stopping), server reflection, OpenTelemetry server spans, message size
 limits, TLS and bearer-token authentication when the settings turn them on (`grpc_security`),
-and error mapping. Servicers signal bad requests by raising `RequestError` (see
+and error mapping. A request whose bytes do not decode (corrupt protobuf, a string field that
+is not UTF-8) is answered INVALID_ARGUMENT before any servicer runs. Servicers signal bad
+requests by raising `RequestError` (see
 `invalid_argument`, `not_found`, `failed_precondition`); a store that is down (Neo4j
 ServiceUnavailable/SessionExpired, Redis ConnectionError/TimeoutError) becomes UNAVAILABLE, so
 clients can retry instead of seeing UNKNOWN; a call to another PML service that fails becomes
@@ -135,8 +137,52 @@ def _shortened(message: str) -> str:
     return message[: MAX_ERROR_MESSAGE - 1] + "…"
 
 
+class _Undecodable:
+    """Stands for a request whose bytes did not decode: gRPC would answer UNKNOWN (and log a
+    traceback) for an exception raised by the deserializer, so the deserializer returns this and
+    the guard answers INVALID_ARGUMENT instead."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+
+    def deserialize(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except Exception as exc:
+            # DecodeError names the message type; the bytes are the caller's, not a crash.
+            return _Undecodable(f"the request could not be decoded as {_type_of(exc)}: {exc}")
+
+    return deserialize
+
+
+def _type_of(exc: Exception) -> str:
+    text = str(exc)
+    if "with type '" in text:
+        return text.split("with type '", 1)[1].split("'", 1)[0]
+    return "the method's request message"
+
+
+async def _refuse_undecodable(request: Any, context: grpc.aio.ServicerContext) -> None:
+    if isinstance(request, _Undecodable):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _shortened(request.message))
+
+
+async def _decoded(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+    async for request in requests:
+        await _refuse_undecodable(request, context)
+        yield request
+
+
 def _guard_unary(behavior: Callable[..., Any], method: str) -> Callable[..., Awaitable[Any]]:
     async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await _refuse_undecodable(request, context)
+        if hasattr(request, "__aiter__"):  # a client stream
+            request = _decoded(request, context)
         try:
             result = behavior(request, context)
             # Generated base servicers are synchronous; awaiting only what is awaitable lets
@@ -152,6 +198,9 @@ def _guard_unary(behavior: Callable[..., Any], method: str) -> Callable[..., Awa
 
 def _guard_stream(behavior: Callable[..., Any], method: str) -> Callable[..., AsyncIterator[Any]]:
     async def guarded(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await _refuse_undecodable(request, context)
+        if hasattr(request, "__aiter__"):  # a client stream
+            request = _decoded(request, context)
         try:
             result = behavior(request, context)
             if inspect.isawaitable(result):
@@ -183,7 +232,7 @@ class _ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc
             return None
         method = handler_call_details.method
         kwargs = {
-            "request_deserializer": handler.request_deserializer,
+            "request_deserializer": _tolerant(handler.request_deserializer),
             "response_serializer": handler.response_serializer,
         }
         if handler.unary_unary:
