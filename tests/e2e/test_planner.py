@@ -136,3 +136,12 @@ def test_bad_input_is_refused(planner: planner_pb2_grpc.PlannerServiceStub) -> N
             planner_pb2.PredictNextRequest(intent="x", context_tools=["a"] * 101), timeout=10
         )
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # Context tools follow SearchTools' rule: tool ids, without control characters.
+    for bad in ("not a tool id", "mail:send\x00", "mail :send"):
+        with pytest.raises(grpc.RpcError) as info:
+            planner.PredictNext(
+                planner_pb2.PredictNextRequest(intent="x", context_tools=["mail:send", bad]),
+                timeout=10,
+            )
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "context_tools must be tool ids" in info.value.details()
