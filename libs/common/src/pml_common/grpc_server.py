@@ -252,8 +252,9 @@ class _ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc
         )
 
 
-#: How long RPCs under way may still run on a connection the server asked to close.
-MAX_CONNECTION_AGE_GRACE_MS = 30_000
+#: How long RPCs under way may still run on a connection the server asked to close: as long
+#: as the longest deadline clients give (a registration of thousands of tools embeds them all).
+MAX_CONNECTION_AGE_GRACE_MS = 600_000
 
 
 def message_size_options(settings: Settings) -> list[tuple[str, int]]:

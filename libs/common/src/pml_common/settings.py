@@ -135,7 +135,7 @@ class Settings(BaseSettings):
         ge=0,
         description="Servers ask clients to reconnect after this long (0: never), so that a "
         "client holding one connection (the planner to search and the scorer) spreads over the "
-        "replicas a Kubernetes Service adds; RPCs under way get 30 s more to finish.",
+        "replicas a Kubernetes Service adds; RPCs under way get up to 600 s more to finish.",
     )
 
     # --- gRPC security (docs/operations.md, "Security") ---------------------------------------
