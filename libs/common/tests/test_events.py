@@ -128,3 +128,18 @@ def test_nesting_beyond_any_decoder_is_a_rejection_not_a_crash() -> None:
         schema = {"a": schema}
     with pytest.raises(ValueError, match="nested deeper than 64 levels"):
         ToolSpec(id="a:b", server="a", name="b", input_schema=schema)
+
+
+def test_document_ids_follow_the_ingest_rule() -> None:
+    submitted = {
+        "event_id": "e1",
+        "type": "DocumentSubmitted",
+        "version": 1,
+        "tenant_id": "t1",
+        "document_id": "doc-1",
+        "text": "Some text.",
+    }
+    assert parse_event(json.dumps(submitted)).document_id == "doc-1"  # type: ignore[attr-defined]
+    for bad in ("two words", "tab\there", ""):
+        reason = reason_of({**submitted, "document_id": bad})
+        assert "document_id" in reason

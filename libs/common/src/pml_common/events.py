@@ -38,6 +38,11 @@ ToolId = Annotated[
     Field(max_length=input_rules.MAX_ID_CHARS),
     AfterValidator(lambda v: input_rules.tool_id(v, field="tool id")),
 ]
+DocumentId = Annotated[
+    str,
+    Field(max_length=input_rules.MAX_ID_CHARS),
+    AfterValidator(input_rules.document_id),
+]
 TenantId = Annotated[str, Field(max_length=input_rules.MAX_ID_CHARS * 2), AfterValidator(_tenant)]
 
 
@@ -206,7 +211,7 @@ class DocumentSubmitted(Event):
     TYPE: ClassVar[str] = "DocumentSubmitted"
     STREAM: ClassVar[str] = Streams.DOCUMENT_SUBMITTED
     type: Literal["DocumentSubmitted"]
-    document_id: Id
+    document_id: DocumentId
     title: str = Field("", max_length=2000)
     text: str = Field(max_length=5_000_000)
     format: Literal["markdown", "text"] = "markdown"
@@ -216,7 +221,7 @@ class DocumentDeleted(Event):
     TYPE: ClassVar[str] = "DocumentDeleted"
     STREAM: ClassVar[str] = Streams.DOCUMENT_DELETED
     type: Literal["DocumentDeleted"]
-    document_id: Id
+    document_id: DocumentId
 
 
 class ChunkPayload(BaseModel):
@@ -234,7 +239,7 @@ class ChunksExtracted(Event):
     TYPE: ClassVar[str] = "ChunksExtracted"
     STREAM: ClassVar[str] = Streams.CHUNKS_EXTRACTED
     type: Literal["ChunksExtracted"]
-    document_id: Id
+    document_id: DocumentId
     chunks: list[ChunkPayload]
     submitted_at: datetime | None = Field(
         None,
@@ -244,7 +249,7 @@ class ChunksExtracted(Event):
 
 
 class _PassCompleted(Event):
-    document_id: Id
+    document_id: DocumentId
     content_hash: str = ""
 
 

@@ -70,6 +70,30 @@ def node_id(value: str, *, field: str = "id") -> str:
     return value
 
 
+#: Longest document id (ingest); shorter than other ids, as it is part of every context id.
+MAX_DOCUMENT_ID_CHARS = 256
+_BLANK_OR_CONTROL = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")
+
+
+def document_id_problem(value: str) -> str | None:
+    """Why `value` cannot be a document id, or None: documents are named by a token (it is
+    quoted in context ids and file-like names), so no whitespace, no control characters."""
+    if not value:
+        return "must not be empty"
+    if len(value) > MAX_DOCUMENT_ID_CHARS:
+        return f"is longer than {MAX_DOCUMENT_ID_CHARS} characters"
+    if _BLANK_OR_CONTROL.search(value):
+        return "must not contain whitespace or control characters"
+    return None
+
+
+def document_id(value: str, *, field: str = "document_id") -> str:
+    problem = document_id_problem(value)
+    if problem:
+        raise InputError(f"{field} {problem}")
+    return value
+
+
 def tool_id_problem(value: str) -> str | None:
     """Why `value` is not a tool id, or None when it is one.
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
+
+from pml_common import input_rules
 
 FORMATS = ("markdown", "text")
-MAX_ID_CHARS = 256
-_ID = re.compile(r"^[^\s\x00-\x1f]+$")
+MAX_ID_CHARS = input_rules.MAX_DOCUMENT_ID_CHARS
 
 
 class PoisonDocument(ValueError):
@@ -28,12 +28,8 @@ def default_document_id(title: str, text: str) -> str:
 
 
 def id_problem(document_id: str) -> str | None:
-    """Why a document id is unusable, or None."""
-    if len(document_id) > MAX_ID_CHARS:
-        return f"is longer than {MAX_ID_CHARS} characters"
-    if not _ID.match(document_id):
-        return "must not contain whitespace or control characters"
-    return None
+    """Why a document id is unusable, or None (the rule events follow too)."""
+    return input_rules.document_id_problem(document_id)
 
 
 def text_problem(text: str, max_chars: int) -> str | None:

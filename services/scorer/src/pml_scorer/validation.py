@@ -14,6 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pml.v1 import scorer_pb2
+from pml_common import input_rules
 from pml_common.grpc_server import invalid_argument
 from pml_common.request_validation import MAX_TEXT, text_of
 from pml_common.settings import Settings
@@ -67,10 +68,15 @@ def no_level(request: scorer_pb2.ScoreRequest) -> None:
 def path_of(path: Sequence[str]) -> list[str]:
     if len(path) > MAX_PATH:
         raise invalid_argument(f"path holds {len(path)} node ids; the maximum is {MAX_PATH}")
-    bad = [i for i, node in enumerate(path) if not node.strip() or len(node) > MAX_TEXT]
+    bad = [
+        i
+        for i, node in enumerate(path)
+        if not node.strip() or len(node) > MAX_TEXT or input_rules.has_control(node)
+    ]
     if bad:
         shown = ", ".join(f"path[{i}]" for i in bad[:10])
         raise invalid_argument(
-            f"path ids must be non-empty (at most {MAX_TEXT} characters); invalid: {shown}"
+            f"path ids must be non-empty (at most {MAX_TEXT} characters, no control "
+            f"characters); invalid: {shown}"
         )
     return list(path)
