@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from pml_common.first_stage import (
     DENSE_WEIGHTS,
+    MAX_SUB_GOALS,
+    SUB_GOAL_SHARE,
     LexicalIndex,
     ToolText,
     dense_parts,
@@ -16,7 +18,9 @@ from pml_common.first_stage import (
     min_max,
     retriever_problem,
     schema_fields,
+    sub_goals,
     tokenize,
+    with_sub_goals,
 )
 
 
@@ -102,3 +106,27 @@ def test_retriever_names() -> None:
     assert retriever_problem("") is None
     assert retriever_problem("lexical") is None
     assert "must be one of" in (retriever_problem("bm42") or "")
+
+
+def test_a_chained_request_splits_into_its_steps() -> None:
+    query = (
+        "First, can you check my current balance on Goerli? Then, proceed with the "
+        "transaction if the balance is sufficient, and finally email me the receipt please."
+    )
+    assert sub_goals(query) == [
+        "First, can you check my current balance on Goerli?",
+        "Then, proceed with the transaction if the balance is sufficient",
+        "email me the receipt please.",
+    ]
+    assert sub_goals("read the file named notes.txt") == []
+    assert len(sub_goals("Do step one now. " * 50)) == MAX_SUB_GOALS
+
+
+def test_sub_goals_blend_the_best_step_into_each_tools_relevance() -> None:
+    whole = np.array([0.9, 0.2, 0.1], dtype=np.float32)
+    steps = [np.array([0.8, 0.1, 0.0]), np.array([0.1, 0.9, 0.3])]
+    blended = with_sub_goals(whole, steps)
+    share = SUB_GOAL_SHARE
+    expected = [(1 - share) * 0.9 + share * 0.8, (1 - share) * 0.2 + share * 0.9, 0.2]
+    assert blended.tolist() == pytest.approx(expected)
+    assert with_sub_goals(whole, []) is whole

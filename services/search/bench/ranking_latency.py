@@ -108,13 +108,13 @@ async def main(n: int, runs: int, with_qdrant: bool, blas_threads: int) -> None:
 
         async def unified() -> object:
             q = queries[next(queue) % runs]
-            candidates = await catalog.ranked(TENANT, TOOL, "read a file", q, 50, DENSE)
+            candidates = await catalog.ranked(TENANT, TOOL, ["read a file"], q[None], 50, DENSE)
             return rank_unified(candidates, view, 10)
 
         async def hybrid() -> object:
             q = queries[next(queue) % runs]
             context = [entries[int(rng.integers(0, n))].id for _ in range(3)]
-            candidates = await catalog.ranked(TENANT, TOOL, "read a file", q, 50, DENSE)
+            candidates = await catalog.ranked(TENANT, TOOL, ["read a file"], q[None], 50, DENSE)
             links = view.links
             alpha = ranking.adaptive_alpha(True, links.edge_count(), max(n, links.node_count()))
             tools = rank_hybrid(candidates, view, context, alpha, 10)

@@ -10,7 +10,7 @@ import pytest
 
 from pml_common.embedding import build_tool_embedder, catalog_text
 from pml_common.events import ToolSpec, ToolsRegistered
-from pml_common.first_stage import DENSE, HYBRID, LEXICAL
+from pml_common.first_stage import DENSE, HYBRID, LEXICAL, sub_goals
 from pml_common.settings import Settings
 from pml_common.stores import redis_client
 from pml_search.catalog_index import (
@@ -71,14 +71,14 @@ async def test_index_skip_reload_and_delete(
     assert payload["description"] == "Read the contents of a file"
 
     query = (await catalog.embedder.embed_queries(["read a file"]))[0]
-    top = await catalog.ranked(tenant, TOOL, "read a file", query, 2, DENSE)
+    top = await catalog.ranked(tenant, TOOL, ["read a file"], query[None], 2, DENSE)
     assert [s.entry.id for s in top] == ["fs:read_file", "web:fetch"]
     assert top[0].relevance > top[1].relevance
 
     # A fresh index over the same store (a restart) rebuilds the read cache from the store:
     # same ranking, same scores, and the stored hashes still make re-indexing a no-op.
     restarted = CatalogIndex(store, catalog.embedder)
-    again_top = await restarted.ranked(tenant, TOOL, "read a file", query, 2, DENSE)
+    again_top = await restarted.ranked(tenant, TOOL, ["read a file"], query[None], 2, DENSE)
     assert [s.entry.id for s in again_top] == ["fs:read_file", "web:fetch"]
     np.testing.assert_allclose(
         [s.relevance for s in again_top], [s.relevance for s in top], rtol=1e-5
@@ -88,7 +88,7 @@ async def test_index_skip_reload_and_delete(
 
     await restarted.index(tenant, CAPABILITY, [CatalogEntry(tenant, "c1", CAPABILITY, "c", "", "")])
     assert await restarted.delete_tenant(tenant) == 3
-    assert await restarted.ranked(tenant, TOOL, "read a file", query, 5, HYBRID) == []
+    assert await restarted.ranked(tenant, TOOL, ["read a file"], query[None], 5, HYBRID) == []
     assert await store.count(catalog.collections[CAPABILITY], {"tenant_id": tenant}) == 0
 
 
@@ -101,7 +101,7 @@ async def test_tenant_matrix_grows_replaces_and_ranks() -> None:
         matrix.upsert([entry[i]], [f"h{i}"], np.array([[np.cos(angle), np.sin(angle)]]))
     assert len(matrix) == 100
     assert matrix.vectors.shape == (100, 2)
-    top = await matrix.rank("", np.array([1.0, 0.0], dtype=np.float32), 3, DENSE)
+    top = await matrix.rank([""], np.array([[1.0, 0.0]], dtype=np.float32), 3, DENSE)
     assert [s.entry.id for s in top] == ["s:0", "s:1", "s:2"]
     assert top[0].relevance == pytest.approx(1.0)
     # replacing a row keeps its slot and changes its vector; a batch may repeat an id
@@ -110,7 +110,7 @@ async def test_tenant_matrix_grows_replaces_and_ranks() -> None:
     )
     assert len(matrix) == 100
     assert matrix.hash_of("s:50") == "y"
-    again = await matrix.rank("", np.array([1.0, 0.0], dtype=np.float32), 2, DENSE)
+    again = await matrix.rank([""], np.array([[1.0, 0.0]], dtype=np.float32), 2, DENSE)
     assert [s.entry.id for s in again] == ["s:0", "s:50"]
 
 
@@ -131,16 +131,37 @@ async def test_the_lexical_retriever_reads_names_fields_and_chinese(
 
     async def top(text: str, retriever: str) -> str:
         vector = (await catalog.embedder.embed_queries([text]))[0]
-        return (await catalog.ranked(tenant, TOOL, text, vector, 1, retriever))[0].entry.id
+        return (await catalog.ranked(tenant, TOOL, [text], vector[None], 1, retriever))[0].entry.id
 
     assert await top("what is my wallet balance", LEXICAL) == "wallet:getWalletBalance"
     assert await top("which branch", LEXICAL) == "git:commit"
     assert await top("读取文件", LEXICAL) == "fs:read_file"
     vector = (await catalog.embedder.embed_queries(["which branch"]))[0]
-    hybrid = await catalog.ranked(tenant, TOOL, "which branch", vector, 4, HYBRID)
+    hybrid = await catalog.ranked(tenant, TOOL, ["which branch"], vector[None], 4, HYBRID)
     best = hybrid[0]
     assert best.entry.id == "git:commit" and best.lexical == pytest.approx(1.0)
     assert all(0.0 <= s.relevance <= 1.0 for s in hybrid)
+
+    # A chained request: each step's tool comes up, not only the most-mentioned step's.
+    await catalog.index(
+        tenant,
+        TOOL,
+        [
+            _tool(tenant, "eth:check_balance", "Check the ETH balance of a wallet address"),
+            _tool(tenant, "eth:get_balance", "Get the balance of an Ethereum account"),
+            _tool(tenant, "bsc:balance_of", "Balance of a wallet on BNB chain"),
+            _tool(tenant, "eth:send_transaction", "Send ETH from one wallet to another"),
+        ],
+    )
+    chained = (
+        "Check my wallet balance on Ethereum, make sure the balance covers it and the balance "
+        "is not locked. Then send 0.05 ETH to my friend's wallet."
+    )
+    texts = [chained, *sub_goals(chained)]
+    assert len(texts) == 3
+    vectors = await catalog.embedder.embed_queries(texts)
+    steps_top = await catalog.ranked(tenant, TOOL, texts, vectors, 3, HYBRID)
+    assert "eth:send_transaction" in [s.entry.id for s in steps_top]
 
     # A tool added later is lexically searchable once its write returns.
     await catalog.index(tenant, TOOL, [_tool(tenant, "cal:create_event", "Schedule a meeting")])

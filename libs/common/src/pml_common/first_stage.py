@@ -18,8 +18,13 @@ Fusion: every retriever's scores are min-max normalised over the tenant's catalo
 query (so each lies in [0, 1] whatever the model's cosine range: e5's cosines crowd into
 0.7–0.9, USE's spread over 0–0.8), then weighted: USE 0.35, e5 0.40, BM25 0.25 by default
 (`DENSE_WEIGHTS`; one dense model: 0.5 each). A catalog of one entry keeps the raw cosine.
-The weights were chosen on the development sets only (`tools-metatool`, `tools-etom`); see
-docs/benchmarks.md, "First stage".
+Sub-goals: a request that chains steps ("check my balance, then send 0.05 ETH") is also
+split into its sentences and "then / after that / finally / next" clauses (at most
+`MAX_SUB_GOALS`, each of three words or more); each tool's relevance becomes
+``0.5·relevance(request) + 0.5·max over sub-goals of relevance(sub-goal)``, so every step
+finds its tool instead of the most-mentioned one filling the top. A one-clause request ranks
+as before. The weights and this share were chosen on the development sets only
+(`tools-metatool`, `tools-etom`); see docs/benchmarks.md, "First stage".
 """
 
 from __future__ import annotations
@@ -34,6 +39,19 @@ import numpy as np
 
 #: Weights of the dense relevances (one per model of the tool embedder); the rest is lexical.
 DENSE_WEIGHTS: dict[int, tuple[float, ...]] = {1: (0.5,), 2: (0.35, 0.40)}
+
+#: Sub-goals of one request read at most (each costs one more embedding).
+MAX_SUB_GOALS = 6
+#: Share of the best sub-goal's relevance in a chained request's relevance.
+SUB_GOAL_SHARE = 0.5
+#: Sub-goals are looked for in the start of a request only, as the embedder reads it.
+SUB_GOAL_CHARS = 2_000
+_SUB_GOAL_BREAK = re.compile(
+    r"(?<=[.?!;])\s+"
+    r"|,?\s+(?:and\s+)?(?:then|after that|afterwards|finally|next"
+    r"|once (?:you have|that is done)[^,]*,)\s+",
+    re.IGNORECASE,
+)
 
 #: The retrievers a request may name: both fused (the default), or one alone for comparison.
 HYBRID = "hybrid"
@@ -142,6 +160,21 @@ class LexicalIndex:
         if not known or self._retriever is None:
             return np.zeros(self._size, dtype=np.float32)
         return np.asarray(self._retriever.get_scores(known), dtype=np.float32)
+
+
+def sub_goals(query: str) -> list[str]:
+    """The clauses of a request that chains several steps; empty for a one-step request."""
+    parts = [p.strip() for p in _SUB_GOAL_BREAK.split(query[:SUB_GOAL_CHARS]) if p]
+    parts = [p for p in parts if len(p.split()) >= 3]
+    return parts[:MAX_SUB_GOALS] if len(parts) > 1 else []
+
+
+def with_sub_goals(whole: np.ndarray, goals: Sequence[np.ndarray]) -> np.ndarray:
+    """A chained request's relevance: its own, blended with its best sub-goal's per tool."""
+    if not goals:
+        return whole
+    best = np.max(np.vstack(goals), axis=0)
+    return ((1.0 - SUB_GOAL_SHARE) * whole + SUB_GOAL_SHARE * best).astype(np.float32)
 
 
 def retriever_problem(name: str) -> str | None:

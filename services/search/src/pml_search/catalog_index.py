@@ -51,6 +51,7 @@ from pml_common.first_stage import (
     dense_parts,
     fused_relevance,
     normalised_lexical,
+    with_sub_goals,
 )
 from pml_search.ranking import top_k_indices
 from pml_search.vector_store import VectorPoint, VectorStore
@@ -203,24 +204,34 @@ class TenantMatrix:
         finally:
             self._rebuild = None
 
-    async def rank(self, query: str, vector: np.ndarray, k: int, retriever: str) -> list[Scored]:
-        """The `k` most relevant entries by the `retriever`'s first-stage relevance."""
+    async def rank(
+        self, texts: Sequence[str], vectors: np.ndarray, k: int, retriever: str
+    ) -> list[Scored]:
+        """The `k` most relevant entries by the `retriever`'s first-stage relevance.
+
+        `texts[0]` is the request and `vectors[0]` its embedding; the hybrid retriever blends
+        in the sub-goals that follow (`first_stage.with_sub_goals`).
+        """
         if not self.entries:
             return []
         index = await self.lexical_index() if retriever != DENSE else None
         # No await from here on: the entries cannot change under the scores.
-        models = dense_parts(self.vectors, vector, self.parts)
-        dense = models.mean(axis=0)
-        bm25 = np.zeros_like(dense)
-        if index is not None:
-            bm25 = index.scores(query)
-        lexical = normalised_lexical(bm25)
-        if retriever == LEXICAL:
-            relevance = lexical
-        elif retriever == HYBRID:
-            relevance = fused_relevance(models, bm25)
-        else:
-            relevance = dense
+        relevances = []
+        for text, vector in zip(texts, vectors, strict=True):
+            models = dense_parts(self.vectors, vector, self.parts)
+            bm25 = index.scores(text) if index is not None else np.zeros(len(self.entries))
+            if retriever == LEXICAL:
+                relevance = normalised_lexical(bm25)
+            elif retriever == HYBRID:
+                relevance = fused_relevance(models, bm25)
+            else:
+                relevance = models.mean(axis=0)
+            if not relevances:
+                dense, lexical = models.mean(axis=0), normalised_lexical(bm25)
+            relevances.append(relevance)
+            if retriever != HYBRID:
+                break
+        relevance = with_sub_goals(relevances[0], relevances[1:])
         return [
             Scored(self.entries[i], float(relevance[i]), float(dense[i]), float(lexical[i]))
             for i in top_k_indices(relevance, k)
@@ -303,11 +314,18 @@ class CatalogIndex:
         return key in self._cache or key in self._loading
 
     async def ranked(
-        self, tenant: str, kind: str, query: str, vector: np.ndarray, limit: int, retriever: str
+        self,
+        tenant: str,
+        kind: str,
+        texts: Sequence[str],
+        vectors: np.ndarray,
+        limit: int,
+        retriever: str,
     ) -> list[Scored]:
-        """The `limit` entries of `kind` most relevant to the query (text and embedding)."""
+        """The `limit` entries of `kind` most relevant to a request: its text and embedding
+        first, then those of its sub-goals (see `TenantMatrix.rank`)."""
         matrix = await self._matrix(tenant, kind)
-        return await matrix.rank(query, vector, limit, retriever)
+        return await matrix.rank(texts, vectors, limit, retriever)
 
     async def get(self, tenant: str, kind: str, node_id: str) -> CatalogEntry | None:
         matrix = await self._matrix(tenant, kind)

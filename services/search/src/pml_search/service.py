@@ -29,7 +29,7 @@ import numpy as np
 from pml.v1 import common_pb2, search_pb2, search_pb2_grpc
 from pml_common.bus import EventBus
 from pml_common.events import CapabilityLearned, TenantDeleted, ToolsRegistered
-from pml_common.first_stage import HYBRID, retriever_problem
+from pml_common.first_stage import HYBRID, retriever_problem, sub_goals
 from pml_common.grpc_server import check_deadline, invalid_argument, not_found
 from pml_common.settings import Settings
 from pml_search import ranking
@@ -95,15 +95,16 @@ class SearchServicer(search_pb2_grpc.SearchServiceServicer):
             problem = retriever_problem(request.retriever)
             if problem:
                 raise invalid_argument(problem)
-        vector = await self._embed(query, timings, context)
-        pool = max(2 * limit, self._settings.candidate_pool)
         retriever = request.retriever or HYBRID
+        texts = [query, *sub_goals(query)] if retriever == HYBRID else [query]
+        vectors = await self._embed(texts, timings, context)
+        pool = max(2 * limit, self._settings.candidate_pool)
         with timings.stage("retrieve"):
             candidates = [
                 scored
                 for kind in kinds
                 for scored in await self._catalog.ranked(
-                    tenant, kind, query, vector, pool, retriever
+                    tenant, kind, texts, vectors, pool, retriever
                 )
                 if scored.relevance >= min_semantic
             ]
@@ -129,10 +130,11 @@ class SearchServicer(search_pb2_grpc.SearchServiceServicer):
                     f"context_tools not in tenant {tenant!r}'s catalog: "
                     + ", ".join(repr(u) for u in unknown)
                 )
-        vector = await self._embed(query, timings, context)
+        texts = [query, *sub_goals(query)]
+        vectors = await self._embed(texts, timings, context)
         with timings.stage("retrieve"):
             pool = max(limit, self._settings.candidate_pool)
-            candidates = await self._catalog.ranked(tenant, TOOL, query, vector, pool, HYBRID)
+            candidates = await self._catalog.ranked(tenant, TOOL, texts, vectors, pool, HYBRID)
         with timings.stage("graph"):
             view = await self._graph.get(tenant)
             tool_count = await self._catalog.size(tenant, TOOL)
@@ -201,13 +203,14 @@ class SearchServicer(search_pb2_grpc.SearchServiceServicer):
     # --- helpers ------------------------------------------------------------------------------
 
     async def _embed(
-        self, query: str, timings: Timings, context: grpc.aio.ServicerContext[Any, Any]
+        self, texts: Sequence[str], timings: Timings, context: grpc.aio.ServicerContext[Any, Any]
     ) -> np.ndarray:
+        """Embeddings of a request and its sub-goals, in one call."""
         check_deadline(context)
         with timings.stage("embed"):
-            vectors = await self._catalog.embedder.embed_queries([query])
+            vectors = await self._catalog.embedder.embed_queries(texts)
         check_deadline(context)
-        return np.asarray(vectors[0], dtype=np.float32)
+        return np.asarray(vectors, dtype=np.float32)
 
 
 def rank_unified(
