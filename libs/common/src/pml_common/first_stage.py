@@ -17,7 +17,9 @@ and multilingual-e5-small side by side) gives one cosine similarity per model.
 Fusion: every retriever's scores are min-max normalised over the tenant's catalog for the
 query (so each lies in [0, 1] whatever the model's cosine range: e5's cosines crowd into
 0.7–0.9, USE's spread over 0–0.8), then weighted: USE 0.35, e5 0.40, BM25 0.25 by default
-(`DENSE_WEIGHTS`; one dense model: 0.5 each). A catalog of one entry keeps the raw cosine.
+(`DENSE_WEIGHTS`; one dense model alone: 0.7, BM25 0.3). A catalog of one entry keeps the
+raw cosine.
+
 Sub-goals: a request that chains steps ("check my balance, then send 0.05 ETH") is also
 split into its sentences and "then / after that / finally / next" clauses (at most
 `MAX_SUB_GOALS`, each of three words or more); each tool's relevance becomes
@@ -38,7 +40,7 @@ from typing import Any
 import numpy as np
 
 #: Weights of the dense relevances (one per model of the tool embedder); the rest is lexical.
-DENSE_WEIGHTS: dict[int, tuple[float, ...]] = {1: (0.5,), 2: (0.35, 0.40)}
+DENSE_WEIGHTS: dict[int, tuple[float, ...]] = {1: (0.7,), 2: (0.35, 0.40)}
 
 #: Sub-goals of one request read at most (each costs one more embedding).
 MAX_SUB_GOALS = 6
