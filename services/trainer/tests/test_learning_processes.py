@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 
 from pml_common.bus import EventBus
 from pml_common.events import ExecutionCompleted, ExecutionStep, ToolSpec, ToolsRegistered
-from pml_common.model_registry import ModelRegistry
+from pml_common.model_registry import ModelRecord, ModelRegistry
 from pml_common.settings import Settings
 from pml_common.testing import ServiceProcess, eventually, service_process
 from pml_trainer.replay_buffer import ReplayBuffer
@@ -149,20 +149,35 @@ async def test_a_restarted_trainer_learns_from_the_buffer_the_killed_one_filled(
     buffer = ReplayBuffer(redis, capacity=100)
     registry = ModelRegistry(redis)
     executions = 12
+    # Every 5th execution is held back to judge versions (pml_trainer.holdout), not learned.
+    held = executions // 5
+    learned = executions - held
     # The first trainer buffers the executions but needs more traces than it gets to train.
     with _trainer(settings_env, "trainer-1", tmp_path, PML_REPLAY_MIN_TRACES="1000") as first:
         async with EventBus(settings, "test-publisher") as bus:
             await bus.publish(ToolsRegistered.create(tenant_id=tenant, tools=TOOLS))
             for i in range(executions):
                 await bus.publish(_execution(tenant, i))
-        await eventually(lambda: buffer.size(tenant), lambda n: n == executions, within_s=60)
+        await eventually(lambda: buffer.size(tenant), lambda n: n == learned, within_s=60)
         first.proc.kill()
         first.proc.wait(10)
-    assert await buffer.size(tenant) == executions
+    assert await buffer.size(tenant) == learned
     assert await registry.current_record(tenant) is None
     # A new process, no new execution: all it can learn from is what the buffer kept.
-    with _trainer(settings_env, "trainer-2", tmp_path, PML_REPLAY_MIN_TRACES=str(executions)):
+    with _trainer(settings_env, "trainer-2", tmp_path, PML_REPLAY_MIN_TRACES=str(learned)):
         record = await eventually(
-            lambda: registry.current_record(tenant), lambda r: r is not None, within_s=120
+            lambda: _judged(registry, tenant), lambda r: r is not None, within_s=120
         )
-    assert record is not None and record.metrics["traces_seen"] == executions
+    # published or kept as rejected, the version learned from every buffered trace and was
+    # judged on the held-back ones
+    assert record is not None and record.metrics["traces_seen"] == learned
+    assert record.metrics["holdout_size"] == held
+
+
+async def _judged(registry: ModelRegistry, tenant: str) -> ModelRecord | None:
+    """The tenant's trained version, published or rejected by the gate."""
+    current = await registry.current_record(tenant)
+    if current is not None:
+        return current
+    rejected = await registry.last_rejected(tenant)
+    return rejected[0] if rejected else None

@@ -72,6 +72,9 @@ async def serve(settings: Settings) -> None:
             prequential,
         )
         handlers.subscribe(bus)
+        # Load the embedding model before consuming: every execution is ranked (prequential)
+        # with an embedding of its intent, and should not wait on a first load.
+        await embedder.embed_queries(["warm up"])
         await bus.start()
         await server.start()
         learning = LearningLoop(
