@@ -8,8 +8,9 @@
 - `train_step_ms`: one PER training step (32 traces, one example per path node) on a smaller
   synthetic hierarchy (`train_graph_nodes`).
 - `event_to_serving_s`: through the running system (or a private one), the wall time from
-  publishing `replay_min_traces` executions to the scorer serving a version trained on them;
-  the median of `rounds` measurements.
+  publishing enough executions for a round (`replay_min_traces`, plus the share held back to
+  judge versions) to the scorer serving a version trained on them, or reporting it rejected by
+  the gate; the median of `rounds` measurements.
 """
 
 from __future__ import annotations
@@ -222,7 +223,8 @@ def _one_publication(
     settings: Settings, tenant: str, pairs: list[list[str]], round_: int, console: Console
 ) -> float:
     stub = client.scorer_stub(settings)
-    count = settings.replay_min_traces
+    # One execution in 5 is held back to judge versions: enough for a round to start.
+    count = settings.replay_min_traces * 5 // 4 + 1
     events = [
         ExecutionCompleted.create(
             tenant_id=tenant,
@@ -234,12 +236,16 @@ def _one_publication(
         for i in range(count)
     ]
     target = (round_ + 1) * count
-    with console.status(f"round {round_ + 1}: executions → served model…"):
+    request = scorer_pb2.ModelInfoRequest(tenant_id=tenant)
+    rejected = stub.ModelInfo(request, timeout=30).last_rejected.version
+    with console.status(f"round {round_ + 1}: executions → served (or rejected) version…"):
         started = time.perf_counter()
         asyncio.run(client.publish_events(settings, events))
         while True:
-            info = stub.ModelInfo(scorer_pb2.ModelInfoRequest(tenant_id=tenant), timeout=30)
-            if info.metrics.get("traces_seen", 0) >= target:
+            info = stub.ModelInfo(request, timeout=30)
+            # a version is judged on held-back executions: served, or kept as rejected
+            covered = info.metrics.get("traces_seen", 0) + info.metrics.get("holdout_size", 0)
+            if covered >= target or info.last_rejected.version != rejected:
                 return time.perf_counter() - started
             time.sleep(0.05)
 
