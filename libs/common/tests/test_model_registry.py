@@ -176,3 +176,27 @@ def test_record_validates() -> None:
         ModelRecord(
             tenant_id="t", version="v1", fencing_token=-1, trained_at="2026-01-01T00:00:00Z"
         )
+
+
+async def test_a_rejected_candidate_is_kept_but_never_current(
+    registry: ModelRegistry, redis: aioredis.Redis, fencing_key: str, tenant: str
+) -> None:
+    token = await redis.incr(fencing_key)
+    served = await registry.publish(tenant, b"served", token, {"accepted": 1.0})
+    first = await registry.reject(tenant, b"worse", token, {"accepted": 0.0, "recall": 0.2})
+    second = await registry.reject(tenant, BLOB, token, {"accepted": 0.0, "recall": 0.3})
+    # versions are numbered with the published ones; only the last rejection is kept
+    assert (served.version, first.version, second.version) == ("v1", "v2", "v3")
+    kept = await registry.last_rejected(tenant)
+    assert kept is not None and kept[0].version == "v3" and kept[1] == BLOB
+    assert kept[0].metrics == {"accepted": 0.0, "recall": 0.3}
+    current = await registry.current(tenant)
+    assert current is not None and current[0].version == "v1" and current[1] == b"served"
+    assert await registry.versions(tenant) == ["v1"]
+    # a lost lease cannot record a rejection either
+    await redis.incr(fencing_key)
+    with pytest.raises(StaleFencingToken):
+        await registry.reject(tenant, b"late", token, {})
+    assert (await registry.last_rejected(tenant))[0].version == "v3"  # type: ignore[index]
+    await registry.delete_tenant(tenant)
+    assert await registry.last_rejected(tenant) is None
