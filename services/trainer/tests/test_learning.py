@@ -322,7 +322,7 @@ async def test_no_version_is_published_without_enough_held_back_executions(
     rig: Rig, tenant: str, driver, settings: Settings
 ) -> None:
     graph, h, good, _ = await _gate_situation(rig, driver, settings, tenant)
-    await rig.redis.delete(f"pml:holdout:{tenant}:order", f"pml:holdout:{tenant}:traces")
+    await rig.holdout.delete_tenant(tenant)
     lease = await rig.lock.try_acquire()
     assert lease is not None
     async with rig.lock.hold(lease):
