@@ -234,8 +234,8 @@ SHIFTED = {"backup": "research", "research": "invite", "invite": "backup"}
 async def _gate_situation(
     rig: Rig, driver, settings: Settings, tenant: str
 ) -> tuple[ToolGraph, Hierarchy, bytes, bytes]:
-    """Held-back executions, the graph and its hierarchy, and two candidates: one that maps every held-back
-    intent onto the tools it used (knows these users), one that ranks tools upside down."""
+    """Held-back executions, the graph and its hierarchy, and two candidates: one that maps every
+    held-back intent onto the tools it used (knows these users), one onto other tools."""
     spec = {c.id: c for c in CAPABILITIES}
     for cap, intents in INTENTS.items():
         for j, intent in enumerate(intents):
@@ -258,8 +258,16 @@ async def _gate_situation(
     )
     # W_intent · q_i = (mean of the tools execution i used), exactly, for every held-back intent.
     knows = {**initial, "W_intent": targets.T @ np.linalg.pinv(queries.T)}
-    upside_down = {**initial, "W_intent": -np.eye(h.dim)}
-    return graph, h, to_bytes(config, knows), to_bytes(config, upside_down)
+    # ... or of tools these executions did not use (the ones their words point at)
+    elsewhere = np.asarray(
+        [
+            h.features[[h.node_index(t) for t in spec[cap].tools]].mean(axis=0)
+            for cap, intents in INTENTS.items()
+            for _ in intents
+        ]
+    )
+    misleads = {**initial, "W_intent": elsewhere.T @ np.linalg.pinv(queries.T)}
+    return graph, h, to_bytes(config, knows), to_bytes(config, misleads)
 
 
 def _decisive(metrics: dict[str, float], ranker: str) -> tuple[float, float]:
