@@ -176,7 +176,8 @@ def with_sub_goals(whole: np.ndarray, goals: Sequence[np.ndarray]) -> np.ndarray
     if not goals:
         return whole
     best = np.max(np.vstack(goals), axis=0)
-    return ((1.0 - SUB_GOAL_SHARE) * whole + SUB_GOAL_SHARE * best).astype(np.float32)
+    blended: np.ndarray = (1.0 - SUB_GOAL_SHARE) * whole + SUB_GOAL_SHARE * best
+    return blended.astype(np.float32)
 
 
 def retriever_problem(name: str) -> str | None:
