@@ -6,7 +6,12 @@ import pytest
 from rich.console import Console
 
 from pml.v1 import planner_pb2
-from pml_cli.eval_folds import capability_orders, co_used_capabilities, training_events
+from pml_cli.eval_folds import (
+    capability_id,
+    capability_orders,
+    co_used_capabilities,
+    training_events,
+)
 from pml_cli.eval_plan import (
     PlanRun,
     candidates_of,
@@ -47,6 +52,10 @@ def test_capabilities_keep_sequence_order() -> None:
     ]
     caps = co_used_capabilities(train)
     assert caps == {("a", "b", "c"): "co-used:a+b+c"}
+    long_set = tuple(f"server {i}:tool_{'x' * 40}_{i}" for i in range(12))
+    long_id = capability_id(long_set)
+    assert long_id.startswith("co-used:") and len(long_id) <= 512
+    assert capability_id(long_set) == long_id != capability_id(long_set[:-1])
     assert capability_orders(train) == {("a", "b", "c"): ("c", "a", "b")}
 
 

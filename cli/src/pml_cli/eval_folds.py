@@ -30,6 +30,7 @@ test queries whose gold tool set a training query had (what memory alone could a
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -78,6 +79,7 @@ from pml_cli.eval_tools import (
 from pml_cli.local_stack import running_system
 from pml_cli.metrics import TOOL_METRICS
 from pml_common.events import ExecutionCompleted, ExecutionStep
+from pml_common.input_rules import MAX_ID_CHARS
 from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
 
@@ -90,7 +92,15 @@ TRAINING_TIMEOUT_S = 1800.0
 def co_used_capabilities(queries: Sequence[ToolQuery]) -> dict[tuple[str, ...], str]:
     """Tool set → capability id, for every set of 2+ tools some training query used."""
     sets = sorted({tuple(sorted(steps_of(q))) for q in queries if len(set(steps_of(q))) >= 2})
-    return {tools: "co-used:" + "+".join(tools) for tools in sets}
+    return {tools: capability_id(tools) for tools in sets}
+
+
+def capability_id(tools: Sequence[str]) -> str:
+    """`co-used:<tool>+<tool>…`, or a digest of it when that is longer than an id may be."""
+    readable = "co-used:" + "+".join(tools)
+    if len(readable) <= MAX_ID_CHARS:
+        return readable
+    return "co-used:" + hashlib.sha256(readable.encode("utf-8")).hexdigest()
 
 
 def evaluate_folds(
