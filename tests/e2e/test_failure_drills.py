@@ -34,7 +34,9 @@ from pml_common.bus import EventBus
 from pml_common.events import ExecutionCompleted, ExecutionStep, ModelPublished, Streams
 from pml_common.lease_lock import DEFAULT_LOCK_NAME
 from pml_common.local_runtime import ManagedProcess, start_redis
+from pml_common.model_registry import ModelRecord, ModelRegistry
 from pml_common.settings import Settings
+from pml_common.stores import redis_client
 from pml_common.testing import ServiceProcess, service_process, until
 
 pytestmark = pytest.mark.e2e
@@ -393,16 +395,38 @@ def test_trainer_holding_the_lock_killed_the_other_takes_over(
         # New traces, so that the next holder has something to train on.
         publish(settings, executions(drill_tenant, 20))
         locked_at = until(lambda: _lock_owner(client) == other, 30, f"{other} takes the lock")
-        published_at = until(
-            lambda: _models_after(client, drill_tenant, before) != [], 60, "a model after"
+        # The new holder's version is published, or kept as rejected when the gate finds it
+        # no better on held-back executions: either way it carries the new holder's token.
+        decided_at = until(
+            lambda: _tokens_after(client, settings, drill_tenant, before, token_before) != [],
+            60,
+            "a version decided after",
         )
-        after = _models_after(client, drill_tenant, before)
+        tokens = _tokens_after(client, settings, drill_tenant, before, token_before)
     report(
         "trainer_lock_takeover",
         lease_ms=LEASE_MS,
         takeover_s=round(locked_at - killed_at, 2),
-        first_model_after_s=round(published_at - killed_at, 2),
+        first_version_after_s=round(decided_at - killed_at, 2),
         fencing_token_before=token_before,
-        fencing_token_after=after[0].fencing_token,
+        fencing_token_after=tokens[0],
     )
-    assert after[0].fencing_token > token_before
+    assert tokens[0] > token_before
+
+
+def _tokens_after(
+    client: redis.Redis, settings: Settings, tenant: str, entry_id: str, token_before: int
+) -> list[int]:
+    """Fencing tokens of the versions published after `entry_id`, or of the last rejected
+    candidate when it was trained under a newer token than `token_before`."""
+    tokens = [m.fencing_token for m in _models_after(client, tenant, entry_id)]
+    rejected = asyncio.run(_last_rejected(settings, tenant))
+    if rejected is not None and rejected.fencing_token > token_before:
+        tokens.append(rejected.fencing_token)
+    return tokens
+
+
+async def _last_rejected(settings: Settings, tenant: str) -> ModelRecord | None:
+    async with redis_client(settings) as aclient:
+        found = await ModelRegistry(aclient).last_rejected(tenant)
+    return found[0] if found is not None else None
