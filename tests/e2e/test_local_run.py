@@ -84,12 +84,22 @@ def _env(state: Path, marker: str, ports: dict[str, int]) -> dict[str, str]:
     return env
 
 
+def _distinct_free_ports(names: tuple[str, ...]) -> dict[str, int]:
+    """A free port per name, no two alike (two free_port calls can return the same port)."""
+    chosen: dict[str, int] = {}
+    while len(chosen) < len(names):
+        port = free_port()
+        if port not in chosen.values():
+            chosen[names[len(chosen)]] = port
+    return chosen
+
+
 @contextlib.contextmanager
 def make_run(tmp_path: Path, ports: dict[str, int] | None = None) -> Iterator[Run]:
     """`make run` started (on free ports unless given), until it says PML is running;
     whatever happens, nothing of it is left afterwards (SIGKILL to what remains)."""
     marker = uuid.uuid4().hex
-    ports = ports or {name: free_port() for name in ("REDIS", "NEO4J", *SERVICES)}
+    ports = ports or _distinct_free_ports(("REDIS", "NEO4J", *SERVICES))
     state = tmp_path / "state"
     output = tmp_path / "make-run.out"
     env = _env(state, marker, ports)
