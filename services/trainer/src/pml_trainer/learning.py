@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -322,10 +322,15 @@ class LearningLoop:
         params: Params,
         metrics: dict[str, float],
     ) -> ModelRecord:
+        return await self._under_lease(
+            self._registry.reject(tenant, to_bytes(config, params), lease.token, metrics)
+        )
+
+    @staticmethod
+    async def _under_lease(write: Awaitable[ModelRecord]) -> ModelRecord:
+        """A registry write; a newer fencing token than the lease's abandons the round."""
         try:
-            return await self._registry.reject(
-                tenant, to_bytes(config, params), lease.token, metrics
-            )
+            return await write
         except StaleFencingToken as exc:
             raise RoundAbandoned(str(exc)) from exc
 
@@ -337,12 +342,9 @@ class LearningLoop:
         params: Params,
         metrics: dict[str, float],
     ) -> ModelRecord:
-        try:
-            record = await self._registry.publish(
-                tenant, to_bytes(config, params), lease.token, metrics
-            )
-        except StaleFencingToken as exc:
-            raise RoundAbandoned(str(exc)) from exc
+        record = await self._under_lease(
+            self._registry.publish(tenant, to_bytes(config, params), lease.token, metrics)
+        )
         await self._publisher.publish(
             ModelPublished.create(
                 tenant_id=tenant,
