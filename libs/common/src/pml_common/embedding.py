@@ -362,7 +362,25 @@ def part_dims(embedder: Embedder) -> tuple[int, ...]:
 # --- Redis cache ------------------------------------------------------------------------------
 
 
-class CachedEmbedder(Embedder):
+class _Wrapper(Embedder):
+    """An embedder in front of another: same name and size, reached through `inner`."""
+
+    _inner: Embedder
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    @property
+    def dim(self) -> int:
+        return self._inner.dim
+
+    @property
+    def inner(self) -> Embedder:
+        return self._inner
+
+
+class CachedEmbedder(_Wrapper):
     """Wraps an embedder with the Redis cache all services share.
 
     Key `pml:emb:{name}:{q|p}:{sha256(text)}` holds the float32 bytes of the vector. The cache
@@ -381,18 +399,6 @@ class CachedEmbedder(Embedder):
         self._ttl_s = ttl_s
         # Bounds how long a sick Redis can delay a request before we fall back to computing.
         self._timeout_s = timeout_s
-
-    @property
-    def name(self) -> str:
-        return self._inner.name
-
-    @property
-    def dim(self) -> int:
-        return self._inner.dim
-
-    @property
-    def inner(self) -> Embedder:
-        return self._inner
 
     def key(self, text: str, kind: str) -> str:
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -454,7 +460,7 @@ class CachedEmbedder(Embedder):
             log.warning("embedding cache write failed", error=repr(exc), keys=len(vectors))
 
 
-class QueryCutEmbedder(Embedder):
+class QueryCutEmbedder(_Wrapper):
     """Embeds only the first `max_chars` characters of a query or intent.
 
     Intents are accepted as long as agents send them (a pasted document, an image as text),
@@ -465,18 +471,6 @@ class QueryCutEmbedder(Embedder):
     def __init__(self, inner: Embedder, max_chars: int) -> None:
         self._inner = inner
         self._max_chars = max_chars
-
-    @property
-    def name(self) -> str:
-        return self._inner.name
-
-    @property
-    def dim(self) -> int:
-        return self._inner.dim
-
-    @property
-    def inner(self) -> Embedder:
-        return self._inner
 
     async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         return await self._inner.embed_queries([t[: self._max_chars] for t in texts])
