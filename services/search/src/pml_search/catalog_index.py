@@ -216,26 +216,28 @@ class TenantMatrix:
             return []
         index = await self.lexical_index() if retriever != DENSE else None
         # No await from here on: the entries cannot change under the scores.
-        relevances = []
-        for text, vector in zip(texts, vectors, strict=True):
-            models = dense_parts(self.vectors, vector, self.parts)
-            bm25 = index.scores(text) if index is not None else np.zeros(len(self.entries))
-            if retriever == LEXICAL:
-                relevance = normalised_lexical(bm25)
-            elif retriever == HYBRID:
-                relevance = fused_relevance(models, bm25)
-            else:
-                relevance = models.mean(axis=0)
-            if not relevances:
-                dense, lexical = models.mean(axis=0), normalised_lexical(bm25)
-            relevances.append(relevance)
-            if retriever != HYBRID:
-                break
-        relevance = with_sub_goals(relevances[0], relevances[1:])
+        models, bm25 = self._scores(index, texts[0], vectors[0])
+        dense, lexical = models.mean(axis=0), normalised_lexical(bm25)
+        if retriever == HYBRID:
+            goals = [
+                fused_relevance(*self._scores(index, text, vector))
+                for text, vector in zip(texts[1:], vectors[1:], strict=True)
+            ]
+            relevance = with_sub_goals(fused_relevance(models, bm25), goals)
+        else:
+            relevance = lexical if retriever == LEXICAL else dense
         return [
             Scored(self.entries[i], float(relevance[i]), float(dense[i]), float(lexical[i]))
             for i in top_k_indices(relevance, k)
         ]
+
+    def _scores(
+        self, index: LexicalIndex | None, text: str, vector: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(models, n) cosines of each embedder model, and raw BM25 scores (zeros without an
+        index)."""
+        bm25 = index.scores(text) if index is not None else np.zeros(len(self.entries))
+        return dense_parts(self.vectors, vector, self.parts), bm25
 
 
 class CatalogIndex:
