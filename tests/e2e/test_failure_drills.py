@@ -342,15 +342,28 @@ def _models_after(client: redis.Redis, tenant: str, entry_id: str) -> list[Model
     return models
 
 
-def _until_settled(client: redis.Redis, tenant: str) -> None:
-    """Every execution handled, and no new model for a while (the tenant is trained)."""
+def _until_settled(client: redis.Redis, settings: Settings, tenant: str) -> None:
+    """Every execution handled, and no version decided for a while (the tenant is trained)."""
     until(lambda: group_drained(client, EXECUTIONS, GROUP), 60, "executions handled")
-    models, still_since = -1, time.monotonic()
+    decided, still_since = None, time.monotonic()
     while time.monotonic() - still_since < 1.5:
-        now = len(_models_after(client, tenant, "0"))
-        if now != models:
-            models, still_since = now, time.monotonic()
+        now = _decided(client, settings, tenant)
+        if now != decided:
+            decided, still_since = now, time.monotonic()
         time.sleep(0.1)
+
+
+def _last_entry_id(client: redis.Redis, stream: str) -> str:
+    """The id of the stream's last entry, "0" while the stream does not exist."""
+    last = client.xrevrange(stream, count=1)
+    return last[0][0].decode() if last else "0"
+
+
+def _decided(client: redis.Redis, settings: Settings, tenant: str) -> tuple[int, str | None]:
+    """How many versions were published, and the last rejected one: changes with every
+    decision of the gate."""
+    rejected = asyncio.run(_last_rejected(settings, tenant))
+    return len(_models_after(client, tenant, "0")), rejected.version if rejected else None
 
 
 @pytest.fixture
@@ -383,14 +396,20 @@ def test_trainer_holding_the_lock_killed_the_other_takes_over(
         trainers(env, names, tmp_path, **training) as procs,
     ):
         publish(settings, executions(drill_tenant, 40))
-        until(lambda: _models_after(client, drill_tenant, "0") != [], 120, "a first model")
-        _until_settled(client, drill_tenant)
+        # A first version decided: published, or rejected when the gate finds these executions
+        # (round-robin tools, intents that say nothing) no better ranked than by the first stage.
+        until(
+            lambda: _tokens_after(client, settings, drill_tenant, "0", -1) != [],
+            120,
+            "a first version decided",
+        )
+        _until_settled(client, settings, drill_tenant)
         # Nothing left to train: the holder waits for new traces holding the lock.
         holder = _lock_owner(client)
         assert holder in procs, holder
         other = next(n for n in names if n != holder)
-        before = client.xinfo_stream(Streams.MODEL_PUBLISHED)["last-generated-id"].decode()
-        token_before = max(m.fencing_token for m in _models_after(client, drill_tenant, "0"))
+        before = _last_entry_id(client, Streams.MODEL_PUBLISHED)
+        token_before = max(_tokens_after(client, settings, drill_tenant, "0", -1))
         killed_at = sigkill(procs[holder])
         # New traces, so that the next holder has something to train on.
         publish(settings, executions(drill_tenant, 20))
