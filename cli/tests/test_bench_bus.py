@@ -39,6 +39,15 @@ def test_bench_bus_handles_every_event_exactly_once_and_prints_json() -> None:
     # both CPU times are rounded to 10 ms, which a short run feels
     cpu_quotient = report["raw_cpu_s"] / report["bus_cpu_s"]
     assert report["cpu_ratio"] == pytest.approx(cpu_quotient, rel=0.2)
+    # every phase opened on stderr, which is not a terminal here, in order
+    phases = [
+        "preparing 300 execution events",
+        "starting a private Redis",
+        "raw redis-py: publishing and consuming 303 entries",
+        "pml bus (FastStream): publishing and consuming 303 entries",
+        "stopping Redis",
+    ]
+    assert [line for line in result.stderr.splitlines() if line in phases] == phases
 
 
 def test_bench_bus_refuses_a_count_below_one() -> None:

@@ -34,8 +34,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from rich.console import Console
-from rich.progress import Progress, TaskID
 
+from pml_cli.bench_progress import Bar, counted_phase, phase
 from pml_common.bus import EVENT_FIELD, EventBus
 from pml_common.events import ExecutionCompleted, ExecutionStep
 from pml_common.local_runtime import start_redis
@@ -57,10 +57,12 @@ STALL_S = 60.0
 def bench_bus(events: int, console: Console) -> dict[str, Any]:
     if events < 1:
         raise ValueError("--events must be at least 1")
-    sent = _executions(events)
-    order = _publication_order(events)
+    with phase(console, f"preparing {events} execution events"):
+        sent = _executions(events)
+        order = _publication_order(events)
     with tempfile.TemporaryDirectory(prefix="pml-bench-bus-") as tmp:
-        redis_server = start_redis(Path(tmp) / "redis")
+        with phase(console, "starting a private Redis"):
+            redis_server = start_redis(Path(tmp) / "redis")
         try:
             settings = Settings(redis_url=redis_server.url, consumer_name="bench-bus")
             # Spans are made as in the services (sampled, no exporter configured).
@@ -68,7 +70,8 @@ def bench_bus(events: int, console: Console) -> dict[str, Any]:
             raw_s, raw_cpu_s = asyncio.run(_raw_run(settings, sent, order, console))
             bus_s, bus_cpu_s, handled = asyncio.run(_bus_run(settings, sent, order, console))
         finally:
-            redis_server.stop()
+            with phase(console, "stopping Redis"):
+                redis_server.stop()
     entries = len(order)
     events_per_s = entries / bus_s
     raw_events_per_s = entries / raw_s
@@ -196,14 +199,15 @@ async def _timed_run(
     """Seconds, and CPU seconds of this process, from the first publish until the group has
     read and acknowledged every entry."""
     stop = asyncio.Event()
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task(label, total=entries)
+    with counted_phase(
+        console, f"{label}: publishing and consuming {entries} entries", entries
+    ) as bar:
         started = time.perf_counter()
         cpu_started = time.process_time()
         consumer = asyncio.create_task(consume(stop))
         publisher = asyncio.create_task(publish())
         try:
-            await _until_acknowledged(redis, stream, entries, publisher, progress, task)
+            await _until_acknowledged(redis, stream, entries, publisher, bar)
             elapsed = time.perf_counter() - started
             cpu_elapsed = time.process_time() - cpu_started
             await publisher
@@ -218,8 +222,7 @@ async def _until_acknowledged(
     stream: str,
     entries: int,
     publisher: asyncio.Task[None],
-    progress: Progress,
-    task: TaskID,
+    bar: Bar,
 ) -> None:
     """Wait for the group to catch up; fail instead of hanging when it stops making progress."""
     last, last_change = -1, time.monotonic()
@@ -227,7 +230,7 @@ async def _until_acknowledged(
         if publisher.done() and publisher.exception() is not None:
             await publisher  # re-raises the publisher's error
         acknowledged = await _acknowledged(redis, stream)
-        progress.update(task, completed=acknowledged)
+        bar.reach(acknowledged)
         if acknowledged >= entries:
             return
         if acknowledged != last:

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress
 
 from pml.v1 import knowledge_pb2_grpc
 from pml_cli import ingest_client
 from pml_cli.ask_client import ask, knowledge_stub
+from pml_cli.bench_progress import counted_phase, phase, step
 from pml_cli.eval_knowledge import (
     KnowledgeQuestion,
     load_corpus,
@@ -59,22 +59,25 @@ def bench_knowledge(
 ) -> dict[str, Any]:
     if rounds < 1:
         raise ValueError("--rounds must be at least 1")
-    docs = load_corpus(data)[:max_documents]
-    questions = load_questions(data / "questions.jsonl")
+    with phase(console, f"loading {data.name}"):
+        docs = load_corpus(data)[:max_documents]
+        questions = load_questions(data / "questions.jsonl")
     interrupt_on_signals()
     with tempfile.TemporaryDirectory(prefix="pml-bench-knowledge-") as tmp:
         stack = LocalStack.on_free_ports(Path(tmp))
         try:
-            with console.status("starting Redis, Neo4j, search and ingest…"):
+            with phase(console, "starting Redis, Neo4j, search and ingest"):
                 stack.start_stores()
                 for name in ("search", "ingest"):
                     stack.processes.append(start_service(name, stack.settings, stack.state_dir))
             per_pass = _staged_passes(stack, "bench-staged", docs, console)
             end_to_end = _end_to_end(stack.settings, "bench", docs, console)
+            step(console, "waiting for search to index the chunks")
             wait_chunks_indexed(stack.settings, console)
             latency = _ask_latency(stack.settings, "bench", questions, rounds, console)
         finally:
-            stack.stop()
+            with phase(console, "stopping the private system"):
+                stack.stop()
     return {
         "data": data.name,
         "documents": len(docs),
@@ -100,15 +103,19 @@ def _pass_progress(
 
 
 def _wait_pass(
-    settings: Settings, tenant: str, ids: Sequence[str], pass_name: str, console: Console
+    settings: Settings,
+    tenant: str,
+    ids: Sequence[str],
+    pass_name: str,
+    what: str,
+    console: Console,
 ) -> list[float]:
     """The done times of every document once all have finished `pass_name`."""
     deadline = time.monotonic() + PASS_TIMEOUT_S
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task(pass_name, total=len(ids))
+    with counted_phase(console, what, len(ids)) as bar:
         while True:
             times = _pass_progress(settings, tenant, ids, pass_name)
-            progress.update(task, completed=len(times))
+            bar.reach(len(times))
             if len(times) == len(ids):
                 return times
             if time.monotonic() > deadline:
@@ -120,14 +127,16 @@ def _staged_passes(
     stack: LocalStack, tenant: str, docs: Sequence[SourceDocument], console: Console
 ) -> dict[str, Any]:
     """Each pass alone on the whole corpus, its workers started in pipeline order."""
+    step(console, f"per pass: submitting {len(docs)} documents to {tenant}, no worker running")
     ids, _ = ingest_client.submit(stack.settings, tenant, docs, console)
     rates: dict[str, Any] = {}
     for pass_name in INGEST_PASSES:
-        with console.status(f"starting the {pass_name} worker…"):
+        with phase(console, f"per pass: starting the {pass_name} worker"):
             worker = start_ingest_worker(pass_name, stack.settings, stack.state_dir, free_port())
         stack.processes.append(worker)
         ready = time.time()
-        last = max(_wait_pass(stack.settings, tenant, ids, pass_name, console))
+        what = f"per pass: {pass_name} alone on {len(ids)} documents"
+        last = max(_wait_pass(stack.settings, tenant, ids, pass_name, what, console))
         rates[f"{pass_name}_docs_per_s"] = round(len(ids) / max(last - ready, 1e-3), 2)
     return rates
 
@@ -136,9 +145,11 @@ def _end_to_end(
     settings: Settings, tenant: str, docs: Sequence[SourceDocument], console: Console
 ) -> dict[str, Any]:
     """The corpus through every pass at once (all workers already running)."""
+    step(console, f"end to end: submitting {len(docs)} documents to {tenant}, every worker running")
     started = time.time()
     ids, _ = ingest_client.submit(settings, tenant, docs, console)
-    last = max(_wait_pass(settings, tenant, ids, INGEST_PASSES[-1], console))
+    what = f"end to end: {len(ids)} documents through every pass"
+    last = max(_wait_pass(settings, tenant, ids, INGEST_PASSES[-1], what, console))
     seconds = max(last - started, 1e-3)
     return {"ingest_docs_per_s": round(len(ids) / seconds, 2), "ingest_s": round(seconds, 1)}
 
@@ -159,8 +170,8 @@ def _timed_asks(
 ) -> tuple[list[float], dict[str, list[float]]]:
     latencies: list[float] = []
     stages: dict[str, list[float]] = {}
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task(f"ask ({method})", total=len(questions) * rounds)
+    what = f"Ask ({method}): {rounds} round(s) of {len(questions)} questions"
+    with counted_phase(console, what, len(questions) * rounds) as bar:
         for _ in range(rounds):
             for question in questions:
                 start = time.perf_counter()
@@ -168,7 +179,7 @@ def _timed_asks(
                 latencies.append((time.perf_counter() - start) * 1000.0)
                 for timing in reply.timings:
                     stages.setdefault(timing.stage, []).append(timing.ms)
-                progress.advance(task)
+                bar.advance()
     return latencies, stages
 
 
@@ -180,8 +191,11 @@ def _ask_latency(
     console: Console,
 ) -> dict[str, Any]:
     stub = knowledge_stub(settings)
-    for question in questions:  # warm-up: models, caches, query plans
-        ask(stub, tenant, question.question, ASK_K)
+    what = f"Ask warm-up (not counted): {len(questions)} questions"
+    with counted_phase(console, what, len(questions)) as bar:
+        for question in questions:  # models, caches, query plans
+            ask(stub, tenant, question.question, ASK_K)
+            bar.advance()
     graph, stages = _timed_asks(stub, tenant, questions, "graph-first", rounds, console)
     vector, _ = _timed_asks(stub, tenant, questions, "vector", rounds, console)
     return {

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
+from pml_cli.bench_progress import phase
 from pml_planner.drdsp import DRDSP
 from pml_planner.hypergraph import (
     Hyperedge,
@@ -50,7 +51,7 @@ def bench_planner(
     seed: int = 0,
 ) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
-    with console.status(f"building a hypergraph of {hyperedges} hyperedges…"):
+    with phase(console, f"building a hypergraph of {hyperedges} hyperedges"):
         edges, tools, capabilities = synthetic_hyperedges(hyperedges, rng)
         started = time.perf_counter()
         graph = Hypergraph(edges)
@@ -58,14 +59,14 @@ def bench_planner(
     planner = DRDSP(graph, max_sources=kept, max_targets=kept)
     sources = [tools[i] for i in rng.choice(len(tools), kept, replace=False)]
     targets = [capabilities[i] for i in rng.choice(len(capabilities), kept, replace=False)]
-    with console.status(f"warming up {2 * kept} trees…"):
+    with phase(console, f"warm-up: building the {2 * kept} kept trees"):
         cold = [_time(planner.forward_tree, s) for s in sources]
         cold += [_time(planner.backward, t) for t in targets]
 
     def backward_path(target: str, tool: str) -> object:
         return planner.backward(target).path(tool)
 
-    with console.status(f"{queries} forward, backward and DAG queries…"):
+    with phase(console, f"measured: {queries} forward, backward and DAG queries each"):
         # the random picks are drawn beforehand, so that the timings hold the queries alone
         froms = [sources[i] for i in rng.integers(kept, size=queries)]
         intos = [targets[i] for i in rng.integers(kept, size=queries)]
@@ -75,9 +76,10 @@ def bench_planner(
         backward = [_time(backward_path, t, v) for t, v in zip(intos, tool_picks, strict=True)]
         dag = [_time(planner.dependency_dag, t) for t in intos]
 
-    with console.status("incremental updates…"):
-        updates = _updates(planner, rng, max(50, queries))
-    with console.status(f"{recompute_rounds} full recomputes of {2 * kept} trees…"):
+    update_rounds = max(50, queries)
+    with phase(console, f"measured: {update_rounds} incremental updates"):
+        updates = _updates(planner, rng, update_rounds)
+    with phase(console, f"measured: {recompute_rounds} full recomputes of {2 * kept} trees"):
         recompute = [_time(planner.recompute_all) for _ in range(recompute_rounds)]
 
     update_p50 = float(np.median(updates))

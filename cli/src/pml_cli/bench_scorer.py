@@ -19,6 +19,7 @@ import asyncio
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,14 +27,14 @@ from typing import Any
 import grpc
 import numpy as np
 from rich.console import Console
-from rich.progress import Progress
 
 from pml.v1 import common_pb2, scorer_pb2, scorer_pb2_grpc, search_pb2
 from pml_cli import client
+from pml_cli.bench_progress import counted_phase, phase, step
 from pml_cli.catalog_files import load_catalog
 from pml_cli.local_stack import running_system
 from pml_common.embedding import Embedder, build_embedder
-from pml_common.events import ExecutionCompleted, ExecutionStep
+from pml_common.events import ExecutionCompleted, ExecutionStep, ToolSpec
 from pml_common.grpc_server import GrpcServer
 from pml_common.settings import Settings
 from pml_scorer.models import TenantModel
@@ -48,6 +49,8 @@ from pml_shgat.training import ShgatTrainer, make_batch, path_examples
 TENANT = "bench"
 DEMO_CATALOG = Path(__file__).parent / "demo" / "catalog.jsonl"
 TRAIN_BATCH = 32
+TRAIN_STEPS = 20
+INPROC_CALLS = 200
 
 
 def bench_scorer(
@@ -62,7 +65,7 @@ def bench_scorer(
     # their size against the configured embedder's.
     embedder = build_embedder(settings, None)
     dim = embedder.dim
-    with console.status(f"building a hierarchy of {capabilities} capabilities…"):
+    with phase(console, f"building a hierarchy of {capabilities} capabilities"):
         hierarchy = _synthetic_hierarchy(capabilities, max(100, capabilities // 50), dim, rng)
         config = make_config(dim, settings.shgat_key_dim, hierarchy.num_nodes)
         params = init_params(config, hierarchy.features, hierarchy.num_levels)
@@ -70,7 +73,8 @@ def bench_scorer(
         model = ServingModel(config, params, hierarchy)
         build_s = time.perf_counter() - started
     intents = normalise_rows(rng.standard_normal((64, dim)))
-    inproc = _timed(lambda i: model.score_capabilities(intents[i % 64], 10), 200)
+    with phase(console, f"measured: {INPROC_CALLS} in-process scorings"):
+        inproc = _timed(lambda i: model.score_capabilities(intents[i % 64], 10), INPROC_CALLS)
     latencies = asyncio.run(_grpc_latencies(settings, model, embedder, intents, requests, console))
     result: dict[str, Any] = {
         "capabilities": capabilities,
@@ -82,7 +86,7 @@ def bench_scorer(
         "p99_ms": _ms(float(np.percentile(latencies, 99))),
         "inproc_p50_ms": _ms(statistics.median(inproc)),
     }
-    result |= _train_step(dim, settings.shgat_key_dim, rng)
+    result |= _train_step(dim, settings.shgat_key_dim, rng, console)
     result |= _event_to_serving(settings, rounds, console)
     return result
 
@@ -150,21 +154,24 @@ async def _grpc_latencies(
                 )
                 for v in intents
             ]
-            await stub.ScoreCapabilities(messages[0], timeout=120)  # loads the tenant
+            with phase(console, "warm-up: a first ScoreCapabilities loads the model"):
+                await stub.ScoreCapabilities(messages[0], timeout=120)
             latencies = []
-            with Progress(console=console, transient=True) as progress:
-                task = progress.add_task("ScoreCapabilities", total=requests)
+            what = f"measured: {requests} ScoreCapabilities over gRPC"
+            with counted_phase(console, what, requests) as bar:
                 for i in range(requests):
                     started = time.perf_counter()
                     await stub.ScoreCapabilities(messages[i % len(messages)], timeout=30)
                     latencies.append(time.perf_counter() - started)
-                    progress.advance(task)
+                    bar.advance()
             return latencies
     finally:
         await server.stop()
 
 
-def _train_step(dim: int, key_dim: int, rng: np.random.Generator) -> dict[str, Any]:
+def _train_step(
+    dim: int, key_dim: int, rng: np.random.Generator, console: Console
+) -> dict[str, Any]:
     hierarchy = _synthetic_hierarchy(1000, 500, dim, rng)
     config = make_config(dim, key_dim, hierarchy.num_nodes)
     trainer = ShgatTrainer(config, init_params(config, hierarchy.features, 2), hierarchy)
@@ -182,7 +189,9 @@ def _train_step(dim: int, key_dim: int, rng: np.random.Generator) -> dict[str, A
         ]
         trainer.step(make_batch(examples, hierarchy, rng))
 
-    times = _timed(step, 20)
+    what = f"measured: {TRAIN_STEPS} training steps of {TRAIN_BATCH} traces"
+    with counted_phase(console, what, TRAIN_STEPS) as bar:
+        times = _timed(step, TRAIN_STEPS, bar.advance)
     return {
         "train_step_ms": _ms(statistics.median(times)),
         "train_graph_nodes": hierarchy.num_nodes,
@@ -192,31 +201,41 @@ def _train_step(dim: int, key_dim: int, rng: np.random.Generator) -> dict[str, A
 
 def _event_to_serving(settings: Settings, rounds: int, console: Console) -> dict[str, Any]:
     tools = load_catalog(DEMO_CATALOG)
+    step(console, "executions → served version: on the running system, or a private one")
     with running_system(settings, console, ("search", "trainer", "scorer")) as live:
         tenant = f"bench-{uuid.uuid4().hex[:10]}"
         try:
-            client.register_tools(live, tenant, tools)
             pairs = [[tools[i].id, tools[i + 1].id] for i in range(0, 20, 2)]
-            client.search_stub(live).RegisterCapabilities(
-                search_pb2.RegisterCapabilitiesRequest(
-                    tenant_id=tenant,
-                    capabilities=[
-                        common_pb2.Capability(id=f"c{i}", name=f"c{i}", tools=p)
-                        for i, p in enumerate(pairs)
-                    ],
-                ),
-                timeout=120,
-            )
+            what = f"registering {len(tools)} demo tools and {len(pairs)} capabilities"
+            with phase(console, f"{what} under {tenant}"):
+                _register(live, tenant, tools, pairs)
             times = [_one_publication(live, tenant, pairs, r, console) for r in range(rounds)]
         finally:
-            client.search_stub(live).DeleteTenant(
-                search_pb2.DeleteTenantRequest(tenant_id=tenant), timeout=120
-            )
+            with phase(console, f"deleting {tenant}"):
+                client.search_stub(live).DeleteTenant(
+                    search_pb2.DeleteTenantRequest(tenant_id=tenant), timeout=120
+                )
     return {
         "event_to_serving_s": round(statistics.median(times), 2),
         "event_to_serving_runs_s": [round(t, 2) for t in times],
         "train_steps_per_round": live.train_steps,
     }
+
+
+def _register(
+    settings: Settings, tenant: str, tools: list[ToolSpec], pairs: list[list[str]]
+) -> None:
+    client.register_tools(settings, tenant, tools)
+    client.search_stub(settings).RegisterCapabilities(
+        search_pb2.RegisterCapabilitiesRequest(
+            tenant_id=tenant,
+            capabilities=[
+                common_pb2.Capability(id=f"c{i}", name=f"c{i}", tools=p)
+                for i, p in enumerate(pairs)
+            ],
+        ),
+        timeout=120,
+    )
 
 
 def _one_publication(
@@ -238,7 +257,8 @@ def _one_publication(
     target = (round_ + 1) * count
     request = scorer_pb2.ModelInfoRequest(tenant_id=tenant)
     rejected = stub.ModelInfo(request, timeout=30).last_rejected.version
-    with console.status(f"round {round_ + 1}: executions → served (or rejected) version…"):
+    what = f"measured: round {round_ + 1}, {count} executions → a served (or rejected) version"
+    with phase(console, what):
         started = time.perf_counter()
         asyncio.run(client.publish_events(settings, events))
         while True:
@@ -250,12 +270,16 @@ def _one_publication(
             time.sleep(0.05)
 
 
-def _timed(call: Any, count: int) -> list[float]:
+def _timed(
+    call: Callable[[int], object], count: int, done: Callable[[], None] = lambda: None
+) -> list[float]:
+    """Seconds of each of `count` calls; `done` after each (a bar's advance), not timed."""
     times = []
     for i in range(count):
         started = time.perf_counter()
         call(i)
         times.append(time.perf_counter() - started)
+        done()
     return times
 
 

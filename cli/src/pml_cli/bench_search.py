@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress
 
 from pml.v1 import search_pb2
 from pml_cli import client
+from pml_cli.bench_progress import counted_phase, phase, step
 from pml_cli.local_stack import running_system
 from pml_common.events import ToolSpec
 from pml_common.settings import Settings
@@ -134,18 +134,23 @@ def bench_search(
 ) -> dict[str, Any]:
     catalog = synthetic_catalog(tools)
     queries = synthetic_queries(QUERIES)
+    step(console, "search: the running system, or a private one")
     with running_system(settings, console) as live:
         tenant = f"bench-{uuid.uuid4().hex[:10]}"
         stub = client.search_stub(live)
         try:
             _register(live, tenant, catalog, console)
             call = _search_call(stub, tenant)
-            for query in queries:  # warm the embedding cache
-                call(query)
+            what = f"warm-up: {len(queries)} queries fill the embedding cache"
+            with counted_phase(console, what, len(queries)) as bar:
+                for query in queries:
+                    call(query)
+                    bar.advance()
             latencies, wall = _measure_grpc(call, queries, requests, clients, console)
             inproc = asyncio.run(_measure_inproc(live, tenant, catalog, queries, console))
         finally:
-            stub.DeleteTenant(search_pb2.DeleteTenantRequest(tenant_id=tenant), timeout=300)
+            with phase(console, f"deleting {tenant}"):
+                stub.DeleteTenant(search_pb2.DeleteTenantRequest(tenant_id=tenant), timeout=300)
     p50 = statistics.median(latencies)
     inproc_p50 = statistics.median(inproc)
     return {
@@ -162,12 +167,12 @@ def bench_search(
 
 
 def _register(settings: Settings, tenant: str, catalog: list[ToolSpec], console: Console) -> None:
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("registering the synthetic catalog", total=len(catalog))
+    what = f"registering {len(catalog)} synthetic tools under {tenant}"
+    with counted_phase(console, what, len(catalog)) as bar:
         for start in range(0, len(catalog), client.REGISTER_BATCH):
             batch = catalog[start : start + client.REGISTER_BATCH]
             client.register_tools(settings, tenant, batch)
-            progress.advance(task, len(batch))
+            bar.advance(len(batch))
 
 
 def _search_call(stub: Any, tenant: str) -> Any:
@@ -183,14 +188,14 @@ def _measure_grpc(
     call: Any, queries: list[str], requests: int, clients: int, console: Console
 ) -> tuple[list[float], float]:
     work = [queries[i % len(queries)] for i in range(requests)]
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task(f"gRPC Search, {clients} clients", total=requests)
+    what = f"measured: {requests} gRPC searches from {clients} clients"
+    with counted_phase(console, what, requests) as bar:
         start = time.perf_counter()
         latencies = []
         with ThreadPoolExecutor(clients) as pool:
             for ms in pool.map(call, work):
                 latencies.append(ms)
-                progress.advance(task)
+                bar.advance()
         wall = time.perf_counter() - start
     return latencies, wall
 
@@ -222,9 +227,9 @@ async def _measure_inproc(
         store = QdrantVectorStore.from_settings(local)
         driver = neo4j_driver(local)
         try:
-            catalog_index = CatalogIndex(store, build_embedder(local, redis))
-            await catalog_index.start()
-            with console.status("indexing the same catalog in-process…"):
+            with phase(console, f"in-process: indexing the same {len(catalog)} tools"):
+                catalog_index = CatalogIndex(store, build_embedder(local, redis))
+                await catalog_index.start()
                 await catalog_index.index(tenant, TOOL, [tool_entry(tenant, t) for t in catalog])
             servicer = SearchServicer(
                 local,
@@ -234,11 +239,14 @@ async def _measure_inproc(
             )
             context: Any = _LocalContext()
             latencies = []
-            for query in queries * 3:
-                request = search_pb2.SearchRequest(tenant_id=tenant, query=query, limit=10)
-                start = time.perf_counter()
-                await servicer.Search(request, context)
-                latencies.append((time.perf_counter() - start) * 1000)
+            what = f"in-process: {3 * len(queries)} searches, the first {len(queries)} not counted"
+            with counted_phase(console, what, 3 * len(queries)) as bar:
+                for query in queries * 3:
+                    request = search_pb2.SearchRequest(tenant_id=tenant, query=query, limit=10)
+                    start = time.perf_counter()
+                    await servicer.Search(request, context)
+                    latencies.append((time.perf_counter() - start) * 1000)
+                    bar.advance()
             return latencies[len(queries) :]  # the first pass loads the matrix and the graph
         finally:
             await driver.close()
