@@ -7,6 +7,7 @@ only: gRPC, streams and an OTLP collector that the services export to."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -328,3 +329,67 @@ def _register(search_stub: search_pb2_grpc.SearchServiceStub, tenant: str) -> No
         ),
         timeout=60,
     )
+
+
+#: Tools whose input-schema field names matter to the lexical side, for a chained request.
+WALLET = {
+    "wallet:get_balance": ("Show how much a wallet holds.", ["address", "token"]),
+    "wallet:send_payment": ("Move funds to someone.", ["recipient", "amount"]),
+    "wallet:list_history": ("Past movements of a wallet.", ["address", "since"]),
+    "fs:read_file": ("Read a file from disk.", ["path"]),
+    "mail:send_message": ("Send an email.", ["to", "subject", "body"]),
+}
+CHAINED = "check the token balance of this address, then send the amount to the recipient"
+
+
+def test_untrained_tool_scores_are_search_hybrid_relevance(
+    scorer: scorer_pb2_grpc.ScorerServiceStub,
+    search_stub: search_pb2_grpc.SearchServiceStub,
+    e2e_tenant: str,
+    eventually: Callable[..., object],
+) -> None:
+    """Before any learning, the scorer serves exactly search's first stage: the same BM25 over
+    names, servers, descriptions and schema fields, the same tool embedder, the same
+    sub-goals."""
+    search_stub.RegisterTools(
+        search_pb2.RegisterToolsRequest(
+            tenant_id=e2e_tenant,
+            tools=[
+                common_pb2.Tool(
+                    id=t,
+                    server=t.split(":")[0],
+                    name=t.split(":")[1],
+                    description=description,
+                    input_schema_json=json.dumps(
+                        {"type": "object", "properties": {f: {"type": "string"} for f in fields}}
+                    ),
+                )
+                for t, (description, fields) in WALLET.items()
+            ],
+        ),
+        timeout=60,
+    )
+    searched = search_stub.Search(
+        search_pb2.SearchRequest(
+            tenant_id=e2e_tenant,
+            query=CHAINED,
+            limit=len(WALLET),
+            kinds=[search_pb2.NODE_KIND_TOOL],
+            retriever="hybrid",
+        ),
+        timeout=60,
+    )
+    want = {r.id: r.semantic_score for r in searched.results}
+    reply = eventually(
+        lambda: scorer.ScoreTools(
+            scorer_pb2.ScoreRequest(tenant_id=e2e_tenant, text=CHAINED, top_k=len(WALLET)),
+            timeout=120,
+        ),
+        lambda r: len(r.scores) == len(WALLET),
+        timeout=60,
+    )
+    assert reply.model_version == "untrained" and reply.correction_weight == 0.0
+    got = {s.id: s.score for s in reply.scores}
+    assert got == pytest.approx(want, abs=1e-4)
+    # both steps of the chain are on top, which neither side alone would guarantee
+    assert {s.id for s in reply.scores[:2]} == {"wallet:get_balance", "wallet:send_payment"}

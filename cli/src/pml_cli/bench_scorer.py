@@ -37,10 +37,10 @@ from pml_common.embedding import Embedder, build_embedder
 from pml_common.events import ExecutionCompleted, ExecutionStep, ToolSpec
 from pml_common.grpc_server import GrpcServer
 from pml_common.settings import Settings
+from pml_common.tool_first_stage import FusedFirstStage
 from pml_scorer.models import TenantModel
 from pml_scorer.service import ScorerServicer
 from pml_scorer.snapshots import ModelSnapshots
-from pml_shgat.gating import UntrainedShgat
 from pml_shgat.hierarchy import CapabilityInput, Hierarchy, normalise_rows
 from pml_shgat.params import init_params, make_config
 from pml_shgat.serving import ServingModel
@@ -114,6 +114,10 @@ class _FixedBuilder:
 
     def __init__(self, model: ServingModel) -> None:
         self._model = model
+        hierarchy = model.hierarchy
+        self._first_stage = FusedFirstStage.of_vectors(
+            hierarchy.tool_ids, list(hierarchy.features[: hierarchy.num_tools])
+        )
 
     async def build(self, tenant: str, current: TenantModel | None = None) -> TenantModel:
         return TenantModel(
@@ -123,7 +127,7 @@ class _FixedBuilder:
             built_at=datetime.now(UTC),
             graph_digest=b"",
             registry_version=None,
-            baseline=UntrainedShgat.of(self._model),
+            baseline=self._first_stage,
         )
 
 

@@ -130,10 +130,14 @@ async def untrained_reference(
 
 
 async def first_stage_reference(
-    driver: neo4j.AsyncDriver, settings: Settings, tenant: str, embedder: Embedder
+    driver: neo4j.AsyncDriver,
+    settings: Settings,
+    tenant: str,
+    embedder: Embedder,
+    tool_embedder: Embedder,
 ) -> FusedFirstStage:
     """The tenant's untrained first stage, built here from the same graph reader."""
-    graph = await read_tool_graph(driver, settings.neo4j_database, tenant, embedder)
+    graph = await read_tool_graph(driver, settings.neo4j_database, tenant, embedder, tool_embedder)
     return FusedFirstStage.of_graph(graph)
 
 

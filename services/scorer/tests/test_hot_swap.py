@@ -17,14 +17,13 @@ from dataclasses import dataclass
 
 import grpc
 import neo4j
-import numpy as np
 from redis.asyncio import Redis
 
 from pml.v1 import scorer_pb2, scorer_pb2_grpc
 from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
 from pml_common.testing import eventually
-from pml_common.tool_first_stage import FusedFirstStage
+from pml_common.tool_first_stage import FusedFirstStage, Intent, embed_intents
 from pml_scorer.main import ScorerApp
 from pml_shgat.gating import WEIGHT_METRIC, served_scores, tool_scores
 from pml_shgat.params import Params
@@ -89,14 +88,14 @@ def expected(
     model: ServingModel,
     first_stage: FusedFirstStage,
     kind: str,
-    intent: int,
+    intent: Intent,
     weight: float,
-    vector: np.ndarray,
 ) -> list[ScoredNode]:
     if kind == "capabilities":
-        return model.score_capabilities(vector, 100)
-    first = first_stage.scores(INTENTS[intent], vector)
-    return ranked(first_stage.ids, served_scores(first, tool_scores(model, vector), weight), 100)
+        return model.score_capabilities(intent.vector, 100)
+    first = first_stage.scores(intent)
+    correction = tool_scores(model, intent.vector)
+    return ranked(first_stage.ids, served_scores(first, correction, weight), 100)
 
 
 async def test_responses_during_repeated_swaps_match_the_version_they_report(
@@ -113,7 +112,6 @@ async def test_responses_during_repeated_swaps_match_the_version_they_report(
     )
     params_of: dict[str, Params] = {"untrained": untrained}
     burst: list[str] = []
-    vectors = await app.embedder.embed_queries(INTENTS)
 
     stop = asyncio.Event()
     answers: list[Answer] = []
@@ -149,11 +147,12 @@ async def test_responses_during_repeated_swaps_match_the_version_they_report(
         await asyncio.gather(*clients)
 
     models = {v: ServingModel(config, p, hierarchy) for v, p in params_of.items()}
-    first = await first_stage_reference(graph_db, settings, tenant, app.embedder)
+    first = await first_stage_reference(graph_db, settings, tenant, app.embedder, app.tool_embedder)
+    intents = await embed_intents(INTENTS, app.embedder, app.tool_embedder)
     weights = {v: 0.0 if v == "untrained" else WEIGHT for v in models}
 
     def want_of(v: str, kind: str, i: int) -> list[ScoredNode]:
-        return expected(models[v], first, kind, i, weights[v], vectors[i])
+        return expected(models[v], first, kind, intents[i], weights[v])
 
     # The check can tell the versions apart: no two give the same scores.
     signatures = {v: tuple(round(s.score, 9) for s in want_of(v, "tools", 0)) for v in models}

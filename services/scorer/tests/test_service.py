@@ -22,6 +22,7 @@ from pml_common.model_registry import ModelRegistry
 from pml_common.prequential import PrequentialStore
 from pml_common.settings import Settings
 from pml_common.testing import eventually
+from pml_common.tool_first_stage import embed_intents
 from pml_scorer.main import ScorerApp
 from pml_shgat.gating import WEIGHT_METRIC, tool_scores
 from pml_shgat.serving import ScoredNode, ServingModel
@@ -89,8 +90,9 @@ async def test_untrained_scores_equal_the_serving_model(
         scorer_pb2.ScoreRequest(tenant_id=tenant, text=INTENT, top_k=3), timeout=30
     )
     assert tools.correction_weight == 0.0
-    first = await first_stage_reference(graph_db, settings, tenant, app.embedder)
-    assert_same(tools.scores, ranked(first.ids, first.scores(INTENT, vector), 3))
+    first = await first_stage_reference(graph_db, settings, tenant, app.embedder, app.tool_embedder)
+    [intent] = await embed_intents([INTENT], app.embedder, app.tool_embedder)
+    assert_same(tools.scores, ranked(first.ids, first.scores(intent), 3))
     assert tools.scores[0].id == "playwright:browser_take_screenshot"
     assert all(s.level == -1 for s in tools.scores)
 
@@ -354,7 +356,8 @@ async def test_tools_are_served_as_the_first_stage_plus_the_weighted_correction(
     hierarchy, config, initial = await untrained_reference(graph_db, settings, tenant, app.embedder)
     params = variant(config, initial, seed=3)
     trained = ServingModel(config, params, hierarchy)
-    first = await first_stage_reference(graph_db, settings, tenant, app.embedder)
+    first = await first_stage_reference(graph_db, settings, tenant, app.embedder, app.tool_embedder)
+    [intent] = await embed_intents([INTENT], app.embedder, app.tool_embedder)
     ids = first.ids
     assert ids == hierarchy.tool_ids
 
@@ -363,10 +366,10 @@ async def test_tools_are_served_as_the_first_stage_plus_the_weighted_correction(
     )
     reply = await _served_tools(stub, tenant, record.version)
     assert reply.correction_weight == 0.5
-    want = first.scores(INTENT, vector) + 0.5 * tool_scores(trained, vector)
+    want = first.scores(intent) + 0.5 * tool_scores(trained, vector)
     assert_same(reply.scores, ranked(ids, want, 100))
     # the correction changes the ranking of this intent, so the check above can fail
-    alone = ranked(ids, first.scores(INTENT, vector), 100)
+    alone = ranked(ids, first.scores(intent), 100)
     assert [s.id for s in reply.scores] != [s.id for s in alone]
 
     # w = 0: the trained version serves capabilities, but tools rank exactly like the first

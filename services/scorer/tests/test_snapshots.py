@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from pml_common.model_registry import ModelRecord
+from pml_common.tool_first_stage import FusedFirstStage
 from pml_scorer.models import TenantModel
 from pml_scorer.snapshots import ModelSnapshots
-from pml_shgat.gating import UntrainedShgat
 from pml_shgat.hierarchy import Hierarchy
 from pml_shgat.params import init_params, make_config
 from pml_shgat.serving import ServingModel
@@ -40,7 +40,7 @@ def tenant_model(tenant: str, version: int, *, empty: bool = False) -> TenantMod
         built_at=datetime.now(UTC),
         graph_digest=b"",
         registry_version=record.version,
-        baseline=UntrainedShgat.of(model),
+        baseline=FusedFirstStage.of_vectors(list(tools), list(tools.values())),
     )
 
 

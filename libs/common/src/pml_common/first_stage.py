@@ -222,6 +222,27 @@ def dense_parts(vectors: np.ndarray, query: np.ndarray, part_dims: Sequence[int]
     return np.vstack(rows).astype(np.float32) if rows else np.zeros((0, len(vectors)))
 
 
+def relevance_parts(
+    vectors: np.ndarray,
+    part_dims: Sequence[int],
+    index: LexicalIndex | None,
+    text: str,
+    vector: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """What the first stage fuses for one text: (models, n) cosines of each model of the tool
+    embedder, and (n,) raw BM25 scores (zeros without an index)."""
+    bm25 = index.scores(text) if index is not None else np.zeros(len(vectors), np.float32)
+    return dense_parts(vectors, vector, part_dims), bm25
+
+
+def hybrid_relevance(
+    request: tuple[np.ndarray, np.ndarray], goals: Sequence[tuple[np.ndarray, np.ndarray]]
+) -> np.ndarray:
+    """The hybrid retriever's relevance: the request's fused relevance blended with its
+    sub-goals' (`relevance_parts` of each)."""
+    return with_sub_goals(fused_relevance(*request), [fused_relevance(*g) for g in goals])
+
+
 def fused_relevance(
     dense: np.ndarray, lexical: np.ndarray, weights: Sequence[float] | None = None
 ) -> np.ndarray:

@@ -1,26 +1,82 @@
 """A tenant's untrained first stage over its tool graph, as the scorer serves it and the
-trainer's gate compares with: BM25 over the tools' texts and the cosine of the intent with the
-tools' embeddings, fused (`pml_common.first_stage.fused_relevance`).
+trainer's gate compares with: the same hybrid relevance as search's `Search`
+(`pml_common.first_stage`: BM25 over name, server, description and input-schema fields, the
+tool embedder's cosines, fused, and a chained request's sub-goals blended in).
 
-The dense part uses the embeddings of the tool graph (`read_tool_graph`, the shared embedding
-cache), the ones SHGAT starts from, so the correction and the first stage see the same vectors.
-Scores come in the order of the graph's tools, which is the hierarchy's tool order.
+The dense side reads the tools' embeddings by the tool embedder (`ToolGraph.catalog_vectors`,
+from the shared embedding cache, so the vectors search stored are reused). An intent given as
+an embedding alone (no text) can only be compared with the tools' embeddings in SHGAT's space:
+the first stage is then that cosine. Scores come in the order of the graph's tools, which is the
+hierarchy's tool order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import numpy as np
 from numpy.typing import NDArray
 
-from pml_common.first_stage import LexicalIndex, ToolText, fused_relevance
-from pml_common.tool_graph import ToolGraph
+from pml_common.embedding import Embedder
+from pml_common.first_stage import (
+    LexicalIndex,
+    ToolText,
+    fused_relevance,
+    hybrid_relevance,
+    relevance_parts,
+    sub_goals,
+)
+from pml_common.tool_graph import GraphTool, ToolGraph
+
+
+@dataclass(frozen=True)
+class Intent:
+    """A request as the served score reads it."""
+
+    #: Its embedding by the embedder SHGAT works in (`PML_EMBEDDER`).
+    vector: NDArray[np.floating]
+    #: The request then its sub-goals, and their embeddings by the tool embedder; no texts
+    #: when the request came as an embedding alone (the first stage is then the cosine with
+    #: the tools' embeddings in SHGAT's space).
+    texts: tuple[str, ...] = ()
+    text_vectors: NDArray[np.floating] | None = None
+
+
+async def embed_intents(
+    texts: Sequence[str], embedder: Embedder, tool_embedder: Embedder | None
+) -> list[Intent]:
+    """The `Intent` of each request text, in two batched embedding calls (each distinct text
+    once). Without a tool embedder the request is read by BM25 and SHGAT's embedder alone."""
+    unique = list(dict.fromkeys(texts))
+    if not unique:
+        return []
+    vectors = np.asarray(await embedder.embed_queries(unique))
+    goals = [(text, *sub_goals(text)) if tool_embedder else (text,) for text in unique]
+    flat = [goal for group in goals for goal in group]
+    goal_vectors = np.asarray(await tool_embedder.embed_queries(flat)) if tool_embedder else None
+    by_text, start = {}, 0
+    for text, vector, group in zip(unique, vectors, goals, strict=True):
+        rows = goal_vectors[start : start + len(group)] if goal_vectors is not None else None
+        by_text[text] = Intent(vector, group, rows)
+        start += len(group)
+    return [by_text[text] for text in texts]
 
 
 class FusedFirstStage:
-    def __init__(self, ids: tuple[str, ...], vectors: NDArray[np.float64], lexical: LexicalIndex):
+    def __init__(
+        self,
+        ids: tuple[str, ...],
+        vectors: NDArray[np.float64],
+        lexical: LexicalIndex,
+        catalog: NDArray[np.float32] | None = None,
+        parts: tuple[int, ...] = (),
+    ):
         self.ids = ids
         self._vectors = vectors
         self._lexical = lexical
+        self._catalog = catalog
+        self._parts = parts
 
     @classmethod
     def of_graph(cls, graph: ToolGraph) -> FusedFirstStage:
@@ -32,15 +88,36 @@ class FusedFirstStage:
         vectors = np.vstack(rows) if rows else np.zeros((0, dim))
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         vectors = vectors / np.maximum(norms, 1e-12)
-        texts = [ToolText(t.id, t.server, t.name, t.description) for t in graph.tools]
-        return cls(ids, vectors, LexicalIndex.build(texts))
+        texts = [ToolText(t.id, t.server, t.name, t.description, t.fields) for t in graph.tools]
+        return cls(
+            ids, vectors, LexicalIndex.build(texts), graph.catalog_vectors, graph.catalog_parts
+        )
 
-    def scores(self, text: str | None, intent: NDArray[np.floating]) -> NDArray[np.float64]:
-        """Relevance of every tool in [0, 1]; without text (an embedding given alone) the
-        lexical side is empty and the dense side decides."""
+    @classmethod
+    def of_vectors(
+        cls, ids: Sequence[str], vectors: Sequence[NDArray[np.floating]]
+    ) -> FusedFirstStage:
+        """The first stage of tools known by their ids and embeddings alone (a synthetic
+        catalog): BM25 over the ids and the cosine."""
+        tools = tuple(GraphTool(i, i, "") for i in ids)
+        vectors_of = {i: np.asarray(v, np.float32) for i, v in zip(ids, vectors, strict=True)}
+        return cls.of_graph(ToolGraph("", tools, (), vectors_of))
+
+    def scores(self, intent: Intent) -> NDArray[np.float64]:
+        """Relevance of every tool in [0, 1] (see the module docstring)."""
         if not self.ids:
             return np.zeros(0, dtype=np.float64)
-        query = np.asarray(intent, dtype=np.float64)
+        if intent.texts and intent.text_vectors is not None and self._catalog is not None:
+            parts = [
+                relevance_parts(self._catalog, self._parts, self._lexical, text, vector)
+                for text, vector in zip(intent.texts, intent.text_vectors, strict=True)
+            ]
+            return np.asarray(hybrid_relevance(parts[0], parts[1:]), dtype=np.float64)
+        query = np.asarray(intent.vector, dtype=np.float64)
         dense = self._vectors @ (query / max(float(np.linalg.norm(query)), 1e-12))
-        lexical = self._lexical.scores(text) if text else np.zeros(len(self.ids), np.float32)
+        lexical = (
+            self._lexical.scores(intent.texts[0])
+            if intent.texts
+            else np.zeros(len(self.ids), np.float32)
+        )
         return np.asarray(fused_relevance(dense, lexical), dtype=np.float64)

@@ -15,12 +15,12 @@ import numpy as np
 from neo4j import AsyncDriver
 from numpy.typing import NDArray
 
-from pml_common.embedding import Embedder, catalog_text
+from pml_common.embedding import Embedder, catalog_text, part_dims
 
 _TOOLS = """
 MATCH (t:Tool {tenant_id: $tenant})
 RETURN t.id AS id, coalesce(t.name, t.id) AS name, coalesce(t.description, '') AS description,
-       coalesce(t.server, '') AS server
+       coalesce(t.server, '') AS server, coalesce(t.input_fields, []) AS fields
 ORDER BY id
 """
 
@@ -46,8 +46,10 @@ class GraphTool:
     id: str
     name: str
     description: str
-    #: The MCP server, read for the first stage's lexical index.
+    #: The MCP server and the input schema's field names, read for the first stage's
+    #: lexical index.
     server: str = ""
+    fields: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,18 +69,30 @@ class ToolGraph:
     tools: tuple[GraphTool, ...]
     capabilities: tuple[GraphCapability, ...]
     tool_vectors: dict[str, NDArray[np.float32]]
+    #: The tools' embeddings by the tool embedder (`PML_TOOL_EMBEDDER`, the first stage's dense
+    #: side), in the order of `tools`, and the widths of its models; None when not asked for.
+    catalog_vectors: NDArray[np.float32] | None = None
+    catalog_parts: tuple[int, ...] = ()
 
 
 async def read_tool_graph(
-    driver: AsyncDriver, database: str, tenant: str, embedder: Embedder
+    driver: AsyncDriver,
+    database: str,
+    tenant: str,
+    embedder: Embedder,
+    tool_embedder: Embedder | None = None,
 ) -> ToolGraph:
-    """The tenant's tools and capabilities with their members and embeddings."""
+    """The tenant's tools and capabilities with their members and embeddings (`embedder`'s,
+    and `tool_embedder`'s too when given)."""
     tools_result = await driver.execute_query(_TOOLS, tenant=tenant, database_=database)
     caps_result = await driver.execute_query(_CAPABILITIES, tenant=tenant, database_=database)
     tools = tuple(
-        GraphTool(r["id"], r["name"], r["description"], r["server"]) for r in tools_result.records
+        GraphTool(r["id"], r["name"], r["description"], r["server"], tuple(r["fields"]))
+        for r in tools_result.records
     )
-    tool_vectors = await _embed(embedder, [catalog_text(t.name, t.description) for t in tools])
+    texts = [catalog_text(t.name, t.description) for t in tools]
+    tool_vectors = await _embed(embedder, texts)
+    catalog = await _embed(tool_embedder, texts) if tool_embedder is not None else None
     described = [r for r in caps_result.records if r["description"].strip()]
     cap_vectors = await _embed(
         embedder, [catalog_text(r["name"], r["description"]) for r in described]
@@ -100,6 +114,8 @@ async def read_tool_graph(
         tools=tools,
         capabilities=capabilities,
         tool_vectors={t.id: tool_vectors[i] for i, t in enumerate(tools)},
+        catalog_vectors=catalog,
+        catalog_parts=part_dims(tool_embedder) if tool_embedder is not None else (),
     )
 
 

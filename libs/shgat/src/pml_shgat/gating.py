@@ -16,13 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
-from pml_shgat.hierarchy import Hierarchy
-from pml_shgat.params import init_params, make_config
 from pml_shgat.serving import ServingModel
 
 #: Weights tried for the correction; 0 (the first stage alone) must stay first.
@@ -187,33 +184,7 @@ def judge(
     return Verdict(accepted, reason, weight, cand, now, base)
 
 
-class Baseline(Protocol):
-    """The untrained first stage of a tenant: one relevance per tool, in hierarchy order."""
-
-    def scores(self, text: str | None, intent: FloatArray) -> FloatArray: ...
-
-
 def tool_scores(model: ServingModel, intent: FloatArray) -> FloatArray:
     """SHGAT's score of every tool (sigmoid of its logit), in hierarchy order."""
     logits = model.logits(intent)[: model.hierarchy.num_tools].astype(np.float64)
     return np.asarray(1.0 / (1.0 + np.exp(-logits)), dtype=np.float64)
-
-
-class UntrainedShgat:
-    """SHGAT with its initial parameters, which rank like cosine similarity: a first stage that
-    needs no text index (the intent text is not used)."""
-
-    def __init__(self, hierarchy: Hierarchy, key_dim: int) -> None:
-        config = make_config(hierarchy.dim, key_dim, max(hierarchy.num_nodes, 1))
-        params = init_params(config, hierarchy.features, hierarchy.num_levels)
-        self.model = ServingModel(config, params, hierarchy)
-
-    @classmethod
-    def of(cls, model: ServingModel) -> UntrainedShgat:
-        """An already built model with initial parameters, as the first stage."""
-        baseline = cls.__new__(cls)
-        baseline.model = model
-        return baseline
-
-    def scores(self, text: str | None, intent: FloatArray) -> FloatArray:
-        return tool_scores(self.model, intent)

@@ -17,7 +17,7 @@ from threadpoolctl import threadpool_limits
 
 from pml.v1 import scorer_pb2_grpc
 from pml_common.bus import EventBus, create_replica_group, destroy_replica_group
-from pml_common.embedding import build_embedder
+from pml_common.embedding import build_embedder, build_tool_embedder
 from pml_common.grpc_server import GrpcServer
 from pml_common.lifecycle import wait_for_shutdown_signal
 from pml_common.model_registry import ModelRegistry
@@ -47,6 +47,7 @@ class ScorerApp:
         self._redis = redis_client(settings)
         self._driver = neo4j_driver(settings)
         self.embedder = build_embedder(settings, self._redis)
+        self.tool_embedder = build_tool_embedder(settings, self._redis)
         registry = ModelRegistry(self._redis, settings.model_keep_versions)
         builder = ModelBuilder(
             self._driver,
@@ -54,12 +55,18 @@ class ScorerApp:
             self.embedder,
             registry,
             settings.shgat_key_dim,
+            self.tool_embedder,
         )
         self.snapshots = ModelSnapshots(builder)
         self.bus = EventBus(settings, SERVICE)
         self._group = ScorerConsumers(self.snapshots).subscribe(self.bus, settings.consumer_name)
         self.servicer = ScorerServicer(
-            settings, self.snapshots, self.embedder, registry, PrequentialStore(self._redis)
+            settings,
+            self.snapshots,
+            self.embedder,
+            registry,
+            PrequentialStore(self._redis),
+            self.tool_embedder,
         )
         self._server = GrpcServer(settings, self.port, SERVICE)
         self._server.add(
@@ -71,6 +78,7 @@ class ScorerApp:
         """Start consuming and serving; returns the bound port."""
         # Load the embedding model now rather than on the first request.
         await self.embedder.embed_queries(["warm up"])
+        await self.tool_embedder.embed_queries(["warm up"])
         await create_replica_group(self._redis, self._group, EVENTS)
         await self.bus.start()
         self.port = await self._server.start()

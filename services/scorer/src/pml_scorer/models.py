@@ -9,8 +9,8 @@ registry's current parameters. Before any model was published, or when the publi
 be used (another embedding size, unreadable bytes), the initial parameters are served: they
 rank like cosine similarity, so the scorer answers sensibly before any training.
 
-Tools are served as the untrained first stage (`pml_common.tool_first_stage`: BM25 over the
-tools' texts and cosine, fused) plus the learned correction,
+Tools are served as the untrained first stage (`pml_common.tool_first_stage`: the same hybrid
+relevance as search's, BM25 and the tool embedder's cosines fused) plus the learned correction,
 `first_stage + w · SHGAT score` (`pml_shgat.gating`), with the weight w the trainer's gate chose
 for the published version on held-back executions (0, the first stage alone, before any version
 was admitted and for a version published without one).
@@ -30,9 +30,9 @@ from numpy.typing import NDArray
 
 from pml_common.embedding import Embedder
 from pml_common.model_registry import ModelRecord, ModelRegistry
-from pml_common.tool_first_stage import FusedFirstStage
+from pml_common.tool_first_stage import FusedFirstStage, Intent
 from pml_common.tool_graph import ToolGraph, read_tool_graph
-from pml_shgat.gating import WEIGHT_METRIC, Baseline, served_scores, tool_scores
+from pml_shgat.gating import WEIGHT_METRIC, served_scores, tool_scores
 from pml_shgat.hierarchy import Hierarchy
 from pml_shgat.params import Params, ShgatConfig, from_bytes, init_params, make_config
 from pml_shgat.serving import ScoredNode, ServingModel
@@ -55,7 +55,7 @@ class TenantModel:
     graph_digest: bytes
     registry_version: str | None
     #: The untrained first stage of the tenant's tools.
-    baseline: Baseline
+    baseline: FusedFirstStage
     #: Weight of the learned correction in the served tool score (0: the first stage alone).
     weight: float = 0.0
 
@@ -63,16 +63,14 @@ class TenantModel:
     def version(self) -> str:
         return self.record.version if self.record is not None else UNTRAINED
 
-    def tool_scores(self, text: str | None, intent: NDArray[np.floating]) -> NDArray[np.floating]:
+    def tool_scores(self, intent: Intent) -> NDArray[np.floating]:
         """Served score of every tool: first stage + w · SHGAT score (hierarchy order)."""
-        correction = tool_scores(self.model, intent) if self.weight else None
-        return served_scores(self.baseline.scores(text, intent), correction, self.weight)
+        correction = tool_scores(self.model, intent.vector) if self.weight else None
+        return served_scores(self.baseline.scores(intent), correction, self.weight)
 
-    def score_tools(
-        self, text: str | None, intent: NDArray[np.floating], top_k: int
-    ) -> list[ScoredNode]:
+    def score_tools(self, intent: Intent, top_k: int) -> list[ScoredNode]:
         """The `top_k` tools by served score, best first (ties keep hierarchy order)."""
-        scores = self.tool_scores(text, intent)
+        scores = self.tool_scores(intent)
         order = np.argsort(-scores, kind="stable")[: max(top_k, 0)]
         ids = self.model.hierarchy.tool_ids
         return [ScoredNode(id=ids[i], score=float(scores[i]), level=-1) for i in order]
@@ -83,7 +81,7 @@ class TenantModel:
 
 
 class ModelBuilder:
-    """Builds `TenantModel`s from Neo4j (read only), the embedder and the model registry."""
+    """Builds `TenantModel`s from Neo4j (read only), the embedders and the model registry."""
 
     def __init__(
         self,
@@ -92,10 +90,13 @@ class ModelBuilder:
         embedder: Embedder,
         registry: ModelRegistry,
         key_dim: int,
+        tool_embedder: Embedder | None = None,
     ) -> None:
         self._driver = driver
         self._database = database
         self._embedder = embedder
+        #: The first stage's dense side (`PML_TOOL_EMBEDDER`); without it, SHGAT's embedder.
+        self._tool_embedder = tool_embedder
         self._registry = registry
         self._key_dim = key_dim
 
@@ -111,7 +112,9 @@ class ModelBuilder:
         unchanged graph keeps `current`'s hierarchy; with the registry's version unchanged too,
         `current` is kept whole (two graph queries and one small registry read, no propagation).
         """
-        graph = await read_tool_graph(self._driver, self._database, tenant, self._embedder)
+        graph = await read_tool_graph(
+            self._driver, self._database, tenant, self._embedder, self._tool_embedder
+        )
         digest = graph_digest(graph)
         reusable = current if current is not None and current.graph_digest == digest else None
         if reusable is not None:
@@ -134,7 +137,7 @@ class ModelBuilder:
         digest: bytes,
         published: tuple[ModelRecord, bytes] | None,
         hierarchy: Hierarchy | None,
-        baseline: Baseline | None,
+        baseline: FusedFirstStage | None,
     ) -> TenantModel:
         """The model of `graph` (whose `hierarchy` and `baseline`, when built, are reused)."""
         if hierarchy is None:
@@ -196,7 +199,7 @@ class ModelBuilder:
 def graph_digest(graph: ToolGraph) -> bytes:
     """What of the graph the model depends on: nodes, their texts and memberships."""
     rows = (
-        tuple((t.id, t.server, t.name, t.description) for t in graph.tools),
+        tuple((t.id, t.server, t.name, t.description, t.fields) for t in graph.tools),
         tuple((c.id, c.name, c.description, c.tools, c.capabilities) for c in graph.capabilities),
     )
     # repr of tuples of strings is unambiguous (quoted, escaped), so equal digests mean equal rows.

@@ -7,7 +7,8 @@ next request, never by half of this one.
 - `ScoreCapabilities`: `sigmoid(mean_h(Q_h·K_h)/√d_h)` of every capability (or of one
   hierarchy level), best `top_k` first. The intent is text (embedded as a query) or an
   embedding of the embedder's size.
-- `ScoreTools`: the served tool score, the untrained first stage plus the learned correction,
+- `ScoreTools`: the served tool score, the untrained first stage (search's hybrid relevance,
+  `pml_common.tool_first_stage`) plus the learned correction,
   `first_stage + w · SHGAT score`, with the published version's weight w (reported; 0 before
   any version was admitted: the first stage alone). `level` is -1: tools have no level.
 - `TopByLevel`: the best `k` capabilities of every level, level 0 first.
@@ -41,6 +42,7 @@ from pml_common.model_registry import ModelRecord, ModelRegistry
 from pml_common.prequential import PrequentialStore, PrequentialSummary, RankingFigures
 from pml_common.request_validation import limit_of, tenant_of, text_of
 from pml_common.settings import Settings
+from pml_common.tool_first_stage import Intent, embed_intents
 from pml_scorer.models import TenantModel
 from pml_scorer.snapshots import ModelSnapshots
 from pml_scorer.validation import intent_of, level_of, no_level, path_of
@@ -56,10 +58,13 @@ class ScorerServicer(scorer_pb2_grpc.ScorerServiceServicer):
         embedder: Embedder,
         registry: ModelRegistry | None = None,
         prequential: PrequentialStore | None = None,
+        tool_embedder: Embedder | None = None,
     ) -> None:
         self._settings = settings
         self._snapshots = snapshots
         self._embedder = embedder
+        #: The first stage's dense side (`PML_TOOL_EMBEDDER`), for `ScoreTools`.
+        self._tool_embedder = tool_embedder
         self._registry = registry
         self._prequential = prequential
 
@@ -84,9 +89,7 @@ class ScorerServicer(scorer_pb2_grpc.ScorerServiceServicer):
         top_k = limit_of(request.top_k, self._settings, "top_k")
         no_level(request)
         snapshot = await self._model(tenant)
-        vector = await self._vector(intent, context)
-        text = intent if isinstance(intent, str) else None
-        scored = snapshot.score_tools(text, vector, top_k)
+        scored = snapshot.score_tools(await self._tool_intent(intent, context), top_k)
         _annotate(snapshot, snapshot.model.hierarchy.num_tools)
         return scorer_pb2.ScoreResponse(
             scores=_scored(scored),
@@ -166,6 +169,18 @@ class ScorerServicer(scorer_pb2_grpc.ScorerServiceServicer):
             intent = np.asarray((await self._embedder.embed_queries([intent]))[0], np.float32)
             check_deadline(context)
         return intent
+
+    async def _tool_intent(
+        self, intent: str | NDArray[np.float32], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Intent:
+        """What the served tool score reads of the intent: text is embedded by both embedders
+        (the request and its sub-goals by the tool embedder), an embedding is taken as it is."""
+        if not isinstance(intent, str):
+            return Intent(intent)
+        check_deadline(context)
+        [embedded] = await embed_intents([intent], self._embedder, self._tool_embedder)
+        check_deadline(context)
+        return embedded
 
 
 def _annotate(snapshot: TenantModel, candidates: int) -> None:

@@ -48,10 +48,9 @@ from pml_common.first_stage import (
     LEXICAL,
     LexicalIndex,
     ToolText,
-    dense_parts,
-    fused_relevance,
+    hybrid_relevance,
     normalised_lexical,
-    with_sub_goals,
+    relevance_parts,
 )
 from pml_search.ranking import top_k_indices
 from pml_search.vector_store import VectorPoint, VectorStore
@@ -210,34 +209,26 @@ class TenantMatrix:
         """The `k` most relevant entries by the `retriever`'s first-stage relevance.
 
         `texts[0]` is the request and `vectors[0]` its embedding; the hybrid retriever blends
-        in the sub-goals that follow (`first_stage.with_sub_goals`).
+        in the sub-goals that follow (`first_stage.hybrid_relevance`).
         """
         if not self.entries:
             return []
         index = await self.lexical_index() if retriever != DENSE else None
         # No await from here on: the entries cannot change under the scores.
-        models, bm25 = self._scores(index, texts[0], vectors[0])
+        parts = [
+            relevance_parts(self.vectors, self.parts, index, text, vector)
+            for text, vector in zip(texts, vectors, strict=True)
+        ]
+        models, bm25 = parts[0]
         dense, lexical = models.mean(axis=0), normalised_lexical(bm25)
         if retriever == HYBRID:
-            goals = [
-                fused_relevance(*self._scores(index, text, vector))
-                for text, vector in zip(texts[1:], vectors[1:], strict=True)
-            ]
-            relevance = with_sub_goals(fused_relevance(models, bm25), goals)
+            relevance = hybrid_relevance(parts[0], parts[1:])
         else:
             relevance = lexical if retriever == LEXICAL else dense
         return [
             Scored(self.entries[i], float(relevance[i]), float(dense[i]), float(lexical[i]))
             for i in top_k_indices(relevance, k)
         ]
-
-    def _scores(
-        self, index: LexicalIndex | None, text: str, vector: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(models, n) cosines of each embedder model, and raw BM25 scores (zeros without an
-        index)."""
-        bm25 = index.scores(text) if index is not None else np.zeros(len(self.entries))
-        return dense_parts(self.vectors, vector, self.parts), bm25
 
 
 class CatalogIndex:

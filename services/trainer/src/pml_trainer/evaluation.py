@@ -25,11 +25,10 @@ from opentelemetry import metrics
 from pml_common.embedding import Embedder
 from pml_common.model_registry import ModelRecord, ModelRegistry
 from pml_common.prequential import PrequentialStore
-from pml_common.tool_first_stage import FusedFirstStage
+from pml_common.tool_first_stage import FusedFirstStage, Intent, embed_intents
 from pml_common.tool_graph import ToolGraph, read_tool_graph
 from pml_shgat.gating import (
     WEIGHT_METRIC,
-    Baseline,
     Judged,
     one_figures,
     served_scores,
@@ -55,7 +54,7 @@ _first_rank = _meter.create_histogram(
 @dataclass(frozen=True)
 class TenantView:
     hierarchy: Hierarchy
-    baseline: Baseline
+    baseline: FusedFirstStage
     #: The published version's SHGAT, None before any version was admitted.
     serving: ServingModel | None
     weight: float
@@ -68,12 +67,12 @@ class TenantView:
         relevant = tuple(i for i in known if i is not None and self.hierarchy.is_tool(i))
         return Judged(relevant) if relevant else None
 
-    def first_stage(self, text: str, vector: NDArray[np.floating]) -> NDArray[np.floating]:
-        return self.baseline.scores(text, vector)
+    def first_stage(self, intent: Intent) -> NDArray[np.floating]:
+        return self.baseline.scores(intent)
 
-    def served(self, text: str, vector: NDArray[np.floating]) -> NDArray[np.floating]:
-        correction = tool_scores(self.serving, vector) if self.serving is not None else None
-        return served_scores(self.first_stage(text, vector), correction, self.weight)
+    def served(self, intent: Intent) -> NDArray[np.floating]:
+        correction = tool_scores(self.serving, intent.vector) if self.serving is not None else None
+        return served_scores(self.first_stage(intent), correction, self.weight)
 
 
 def build_view(
@@ -111,10 +110,12 @@ class TenantViews:
         embedder: Embedder,
         registry: ModelRegistry,
         max_age_s: float = 10.0,
+        tool_embedder: Embedder | None = None,
     ) -> None:
         self._driver = driver
         self._database = database
         self._embedder = embedder
+        self._tool_embedder = tool_embedder
         self._registry = registry
         self._max_age_s = max_age_s
         self._views: dict[str, TenantView] = {}
@@ -125,7 +126,9 @@ class TenantViews:
             record = await self._registry.current_record(tenant)
             if (record.version if record else "untrained") == cached.version:
                 return cached
-        graph = await read_tool_graph(self._driver, self._database, tenant, self._embedder)
+        graph = await read_tool_graph(
+            self._driver, self._database, tenant, self._embedder, self._tool_embedder
+        )
         published = await self._registry.current(tenant)
         hierarchy = hierarchy_of(graph, self._embedder.dim)
         view = await asyncio.to_thread(build_view, graph, hierarchy, published)
@@ -139,10 +142,17 @@ class TenantViews:
 class Prequential:
     """Records how the serving scores rank each execution's tools, before it is learned."""
 
-    def __init__(self, views: TenantViews, store: PrequentialStore, embedder: Embedder) -> None:
+    def __init__(
+        self,
+        views: TenantViews,
+        store: PrequentialStore,
+        embedder: Embedder,
+        tool_embedder: Embedder | None = None,
+    ) -> None:
         self._views = views
         self._store = store
         self._embedder = embedder
+        self._tool_embedder = tool_embedder
 
     async def observe(self, tenant: str, trace: Trace) -> tuple[float, ...] | None:
         """Record the trace's figures (recall@1, @5, @10, first rank); None if it used no tool
@@ -151,8 +161,8 @@ class Prequential:
         judged = view.judged(trace)
         if judged is None:
             return None
-        [vector] = await self._embedder.embed_queries([trace.intent])
-        scores = view.served(trace.intent, np.asarray(vector))
+        [intent] = await embed_intents([trace.intent], self._embedder, self._tool_embedder)
+        scores = view.served(intent)
         figures = one_figures(scores, judged.relevant)
         if await self._store.record(tenant, trace.trace_id, *figures):
             _export(tenant, figures)

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import neo4j
 
 from pml_common.events import CapabilitySpec, ToolSpec, utcnow
+from pml_common.first_stage import schema_fields
 from pml_common.input_rules import is_tool_id
 from pml_common.stores import create_schema_rule
 from pml_trainer.cold_start import CatalogTool, ColdStartEdge
@@ -95,7 +96,8 @@ _UPSERT_TOOLS = """
 UNWIND $tools AS t
 MERGE (n:Tool {tenant_id: $tenant, id: t.id})
 ON CREATE SET n.executions = 0, n.successes = 0, n.registered_at = $at
-SET n.server = t.server, n.name = t.name, n.description = t.description
+SET n.server = t.server, n.name = t.name, n.description = t.description,
+    n.input_fields = t.fields
 """
 
 _UPSERT_CAPABILITY = """
@@ -293,7 +295,7 @@ class GraphStore:
         writes and never double anything, while no transaction grows without bound.
         """
         at = utcnow()
-        rows = [_tool_row(t.id, t.server, t.name, t.description) for t in tools]
+        rows = [_tool_row(t) for t in tools]
         edges = list(cold_start)
         if len(rows) <= self._tool_batch and len(edges) <= self._edge_batch:
             return await self._write(self._register_at_once, tenant, event_id, rows, edges, at)
@@ -576,8 +578,16 @@ def _counts(u: NodeUpdate) -> dict[str, int]:
     return {"executions": u.executions, "successes": u.successes}
 
 
-def _tool_row(tool_id: str, server: str, name: str, description: str) -> dict[str, str]:
-    return {"id": tool_id, "server": server, "name": name, "description": description}
+def _tool_row(tool: ToolSpec) -> dict[str, Any]:
+    """A tool's node properties; the input schema is kept as its field names, which the first
+    stage's lexical index reads (`first_stage.schema_fields`)."""
+    return {
+        "id": tool.id,
+        "server": tool.server,
+        "name": tool.name,
+        "description": tool.description,
+        "fields": list(schema_fields(tool.input_schema)),
+    }
 
 
 def _tool_stub(tool_id: str) -> dict[str, str]:

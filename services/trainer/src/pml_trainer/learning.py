@@ -35,6 +35,7 @@ from pml_common.embedding import Embedder
 from pml_common.events import ModelPublished
 from pml_common.lease_lock import Lease, LeaseLock
 from pml_common.model_registry import ModelRecord, ModelRegistry, StaleFencingToken
+from pml_common.tool_first_stage import Intent, embed_intents
 from pml_common.tool_graph import ToolGraph, read_tool_graph
 from pml_shgat.gating import Judged, Verdict, judge, tool_scores
 from pml_shgat.hierarchy import Hierarchy
@@ -87,8 +88,11 @@ class LearningLoop:
         publisher: Publisher,
         config: LearningConfig,
         holdout: HoldOut,
+        tool_embedder: Embedder | None = None,
     ) -> None:
         self._buffer = buffer
+        #: The first stage's dense side (`PML_TOOL_EMBEDDER`), for the gate's comparisons.
+        self._tool_embedder = tool_embedder
         self._holdout = holdout
         self._lock = lock
         self._registry = registry
@@ -258,12 +262,13 @@ class LearningLoop:
             if one is not None:
                 traces.append(trace)
                 judged.append(one)
-        intents = await self._intents([t.intent for t in traces])
+        intents = await embed_intents(
+            [t.intent for t in traces], self._embedder, self._tool_embedder
+        )
         return await asyncio.to_thread(
             _judge,
             serving,
             ServingModel(config, params, serving.hierarchy),
-            traces,
             intents,
             judged,
             self._config.min_holdout,
@@ -296,7 +301,9 @@ class LearningLoop:
         return stats.loss, float(np.mean(np.abs(td)))
 
     async def _graph(self, tenant: str) -> tuple[ToolGraph, Hierarchy]:
-        graph = await read_tool_graph(self._driver, self._database, tenant, self._embedder)
+        graph = await read_tool_graph(
+            self._driver, self._database, tenant, self._embedder, self._tool_embedder
+        )
         return graph, hierarchy_of(graph, self._embedder.dim)
 
     def _starting_point(
@@ -359,16 +366,14 @@ class LearningLoop:
 def _judge(
     serving: TenantView,
     candidate: ServingModel,
-    traces: Sequence[Trace],
-    intents: Sequence[np.ndarray],
+    intents: Sequence[Intent],
     judged: Sequence[Judged],
     min_judged: int,
 ) -> Verdict:
-    pairs = list(zip(traces, intents, strict=True))
     return judge(
-        first_stage=[serving.first_stage(t.intent, v) for t, v in pairs],
-        serving=[serving.served(t.intent, v) for t, v in pairs],
-        candidate_correction=[tool_scores(candidate, v) for _, v in pairs],
+        first_stage=[serving.first_stage(i) for i in intents],
+        serving=[serving.served(i) for i in intents],
+        candidate_correction=[tool_scores(candidate, i.vector) for i in intents],
         judged=judged,
         min_judged=min_judged,
     )

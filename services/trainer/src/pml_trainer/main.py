@@ -18,7 +18,7 @@ import structlog
 from redis.asyncio import Redis
 
 from pml_common.bus import EventBus
-from pml_common.embedding import build_embedder
+from pml_common.embedding import build_embedder, build_tool_embedder
 from pml_common.events import utcnow
 from pml_common.grpc_server import GrpcServer
 from pml_common.lease_lock import LeaseLock
@@ -55,11 +55,14 @@ async def serve(settings: Settings) -> None:
         store = GraphStore(driver, settings.neo4j_database)
         await store.ensure_schema()
         embedder = build_embedder(settings, redis)
+        tool_embedder = build_tool_embedder(settings, redis)
         replay = _replay_buffer(settings, redis)
         registry = ModelRegistry(redis, settings.model_keep_versions)
         holdout = HoldOut(redis)
-        views = TenantViews(driver, settings.neo4j_database, embedder, registry)
-        prequential = Prequential(views, PrequentialStore(redis), embedder)
+        views = TenantViews(
+            driver, settings.neo4j_database, embedder, registry, tool_embedder=tool_embedder
+        )
+        prequential = Prequential(views, PrequentialStore(redis), embedder, tool_embedder)
         handlers = TrainerHandlers(
             store,
             bus,
@@ -75,6 +78,7 @@ async def serve(settings: Settings) -> None:
         # Load the embedding model before consuming: every execution is ranked (prequential)
         # with an embedding of its intent, and should not wait on a first load.
         await embedder.embed_queries(["warm up"])
+        await tool_embedder.embed_queries(["warm up"])
         await bus.start()
         await server.start()
         learning = LearningLoop(
@@ -87,6 +91,7 @@ async def serve(settings: Settings) -> None:
             publisher=bus,
             config=_learning_config(settings),
             holdout=holdout,
+            tool_embedder=tool_embedder,
         )
         stop_learning = asyncio.Event()
         learner = asyncio.create_task(learning.run(stop_learning), name="learning")
