@@ -1,8 +1,17 @@
 """The private system of `pml eval` / `pml run` is stopped whatever ends the command."""
 
+import io
+import socket
 import subprocess
 import sys
 import textwrap
+
+import pytest
+from rich.console import Console
+
+from pml_cli.local_stack import running_system
+from pml_common.local_runtime import free_port
+from pml_common.settings import Settings
 
 _TERMINATED = textwrap.dedent(
     """
@@ -25,3 +34,19 @@ def test_sigterm_unwinds_so_the_cleanup_runs() -> None:
     )
     assert "cleanup ran" in done.stdout
     assert "KeyboardInterrupt" in done.stderr
+
+
+def test_a_private_system_shows_each_phase_and_leaves_nothing_running() -> None:
+    """`pml eval` with no PML running starts one and stops it; a log shows both phases."""
+    nowhere = Settings().model_copy(update={"search_addr": f"127.0.0.1:{free_port()}"})
+    log = io.StringIO()
+    with running_system(nowhere, Console(file=log), ("search",)) as live:
+        assert live.search_addr != nowhere.search_addr
+        search_port = int(live.search_addr.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", search_port), timeout=5):
+            pass
+    lines = log.getvalue().splitlines()
+    assert lines[0].startswith("no PML running: starting a private one")
+    assert lines[1:] == ["private PML ready", "stopping the private PML", "private PML stopped"]
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", search_port), timeout=1).close()

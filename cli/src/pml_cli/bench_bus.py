@@ -35,7 +35,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from rich.console import Console
 
-from pml_cli.bench_progress import Bar, counted_phase, phase
+from pml_cli.phases import Bar, counted_phase, phase
 from pml_common.bus import EVENT_FIELD, EventBus
 from pml_common.events import ExecutionCompleted, ExecutionStep
 from pml_common.local_runtime import start_redis

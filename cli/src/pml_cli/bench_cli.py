@@ -62,7 +62,7 @@ def bench_cli(runs: int, console: Console) -> dict[str, Any]:
     commands = {"help": [*pml, "--help"], "search": [*pml, "search", QUERY]}
     result: dict[str, Any] = {"runs": runs}
     for name, argv in commands.items():
-        # as pml_cli.bench_progress.counted_phase shows a phase, without importing it: this
+        # as pml_cli.phases.counted_phase shows a phase, without importing it: this
         # file also runs alone on an older checkout
         what = f"pml {' '.join(argv[3:])}: 1 warm-up run, then {runs} measured"
         console.print(what, markup=False, highlight=False, soft_wrap=True)

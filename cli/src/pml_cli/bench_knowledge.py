@@ -31,7 +31,6 @@ from rich.console import Console
 from pml.v1 import knowledge_pb2_grpc
 from pml_cli import ingest_client
 from pml_cli.ask_client import ask, knowledge_stub
-from pml_cli.bench_progress import counted_phase, phase, step
 from pml_cli.eval_knowledge import (
     KnowledgeQuestion,
     load_corpus,
@@ -46,6 +45,7 @@ from pml_cli.local_stack import (
     start_ingest_worker,
     start_service,
 )
+from pml_cli.phases import counted_phase, phase, step
 from pml_common.local_runtime import free_port
 from pml_common.settings import Settings
 

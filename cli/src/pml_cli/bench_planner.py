@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from pml_cli.bench_progress import phase
+from pml_cli.phases import phase
 from pml_planner.drdsp import DRDSP
 from pml_planner.hypergraph import (
     Hyperedge,

@@ -30,9 +30,9 @@ from rich.console import Console
 
 from pml.v1 import common_pb2, scorer_pb2, scorer_pb2_grpc, search_pb2
 from pml_cli import client
-from pml_cli.bench_progress import counted_phase, phase, step
 from pml_cli.catalog_files import load_catalog
 from pml_cli.local_stack import running_system
+from pml_cli.phases import counted_phase, phase, step
 from pml_common.embedding import Embedder, build_embedder
 from pml_common.events import ExecutionCompleted, ExecutionStep, ToolSpec
 from pml_common.grpc_server import GrpcServer

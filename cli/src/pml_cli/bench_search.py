@@ -23,8 +23,8 @@ from rich.console import Console
 
 from pml.v1 import search_pb2
 from pml_cli import client
-from pml_cli.bench_progress import counted_phase, phase, step
 from pml_cli.local_stack import running_system
+from pml_cli.phases import counted_phase, phase, step
 from pml_common.events import ToolSpec
 from pml_common.settings import Settings
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from pml_cli.phases import phase, step
 from pml_common.healthcheck import check
 from pml_common.local_runtime import (
     LocalRuntimeError,
@@ -261,14 +262,17 @@ def running_system(
         stack = LocalStack.on_free_ports(Path(tmp))
         try:
             what = "no PML running: starting a private one (about a minute)"
-            with console.status(f"{what}…") as status:
+            with phase(console, what) as status:
                 stack.on_start = lambda p: status.update(f"{what}: {p.name}…")
                 stack.start_stores()
                 stack.start_services(list(dict.fromkeys(["search", "trainer", *services])))
+            step(console, "private PML ready")
             yield stack.settings
         finally:
             interrupts.stop_now()
-            stack.stop(interrupts.hurry)
+            with phase(console, "stopping the private PML"):
+                stack.stop(interrupts.hurry)
+            step(console, "private PML stopped")
 
 
 #: Signals closer together than this are one interrupt: a terminal's Ctrl-C reaches make, uv

@@ -1,4 +1,5 @@
-"""What a `pml bench` shows on its console (stderr) while it works, phase by phase.
+"""What a long CLI command (a `pml bench`, a private system started for `pml eval`) shows on
+its console while it works, phase by phase.
 
 Each phase starts with a line that stays: a log file or CI output, where rich draws no live
 display, has it too. While the phase runs, a terminal also shows a spinner, or a bar when the
