@@ -1,0 +1,171 @@
+"""RegisterTools and RegisterCapabilities are all or nothing (real stores, real gRPC server).
+
+The bus publishes to a Redis of the test's own, so that it can be stopped: a registration whose
+event cannot be published must leave the vector store as it was and say why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import neo4j
+import numpy as np
+import pytest
+
+from pml.v1 import common_pb2, search_pb2, search_pb2_grpc
+from pml_common.bus import EventBus
+from pml_common.embedding import build_tool_embedder
+from pml_common.grpc_server import GrpcServer
+from pml_common.local_runtime import ManagedProcess, start_redis
+from pml_common.settings import Settings
+from pml_common.stores import redis_client
+from pml_search.catalog_index import CAPABILITY, TOOL, CatalogIndex
+from pml_search.graph_view import GraphView
+from pml_search.service import SearchServicer
+from pml_search.vector_store import QdrantVectorStore
+
+CATALOG = {
+    "fs:read_file": "Read the complete contents of a file from the file system.",
+    "fs:write_file": "Create a new file or overwrite an existing file with new content.",
+    "web:fetch": "Fetch a web page by URL and return its text.",
+    "git:commit": "Record changes to the repository with a commit message.",
+}
+
+
+def tool(tool_id: str, description: str) -> common_pb2.Tool:
+    server, name = tool_id.split(":")
+    return common_pb2.Tool(id=tool_id, server=server, name=name, description=description)
+
+
+def capability(cap_id: str, description: str, tools: list[str]) -> common_pb2.Capability:
+    return common_pb2.Capability(id=cap_id, name=cap_id, description=description, tools=tools)
+
+
+@dataclass
+class Rig:
+    """A search servicer on real stores, whose bus Redis the test may stop."""
+
+    stub: search_pb2_grpc.SearchServiceStub
+    store: QdrantVectorStore
+    catalog: CatalogIndex
+    bus_redis: ManagedProcess
+
+    async def points(self, kind: str, tenant: str) -> dict[str, tuple[dict[str, Any], Any]]:
+        """The tenant's stored points of `kind`: payload and vector by point id."""
+        points = await self.store.scan(self.catalog.collections[kind], {"tenant_id": tenant})
+        return {p.id: (p.payload, p.vector) for p in points}
+
+
+def assert_same_points(
+    after: dict[str, tuple[dict[str, Any], Any]], before: dict[str, tuple[dict[str, Any], Any]]
+) -> None:
+    assert sorted(after) == sorted(before)
+    for point_id, (payload, vector) in before.items():
+        assert after[point_id][0] == payload
+        np.testing.assert_allclose(after[point_id][1], vector, atol=1e-6)
+
+
+@pytest.fixture
+def bus_redis(tmp_path: Path) -> Iterator[ManagedProcess]:
+    proc = start_redis(tmp_path / "bus-redis")
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+async def rig(
+    settings: Settings, graph_db: neo4j.AsyncDriver, bus_redis: ManagedProcess
+) -> AsyncIterator[Rig]:
+    # USE alone keeps the embedding of the larger catalogs below quick.
+    local = settings.model_copy(update={"tool_embedder": "use"})
+    cache = redis_client(local)
+    bus_client = redis_client(local.model_copy(update={"redis_url": bus_redis.url}))
+    store = QdrantVectorStore.from_settings(local)
+    catalog = CatalogIndex(store, build_tool_embedder(local, cache))
+    await catalog.start()
+    servicer = SearchServicer(
+        local,
+        catalog,
+        GraphView(graph_db, local.neo4j_database),
+        EventBus(local, "search-test", redis=bus_client),
+    )
+    server = GrpcServer(local, 0, "search-test")
+    server.add(
+        lambda s: search_pb2_grpc.add_SearchServiceServicer_to_server(servicer, s),
+        "pml.v1.SearchService",
+    )
+    port = await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield Rig(search_pb2_grpc.SearchServiceStub(channel), store, catalog, bus_redis)
+    finally:
+        await server.stop(0)
+        await store.close()
+        await bus_client.aclose()
+        await cache.aclose()
+
+
+async def rpc_error(call: Any) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    return info.value
+
+
+async def test_tools_whose_event_cannot_be_published_leave_the_store_as_it_was(
+    rig: Rig, tenant: str
+) -> None:
+    first = [tool(i, d) for i, d in CATALOG.items()]
+    await rig.stub.RegisterTools(
+        search_pb2.RegisterToolsRequest(tenant_id=tenant, tools=first), timeout=60
+    )
+    before = await rig.points(TOOL, tenant)
+    assert len(before) == len(CATALOG)
+
+    rig.bus_redis.stop()
+    # Two tools replaced (new descriptions), two added: none of it may stay.
+    second = [
+        tool("fs:read_file", "Read a file as base64."),
+        tool("web:fetch", "Download a URL."),
+        tool("slack:post", "Post a message to a Slack channel."),
+        tool("mail:send", "Send an email."),
+    ]
+    error = await rpc_error(
+        rig.stub.RegisterTools(
+            search_pb2.RegisterToolsRequest(tenant_id=tenant, tools=second), timeout=60
+        )
+    )
+    assert_same_points(await rig.points(TOOL, tenant), before)
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert "nothing was registered" in (error.details() or "")
+    # Searches are served from the catalog as it was.
+    node = await rig.stub.GetNode(search_pb2.GetNodeRequest(tenant_id=tenant, id="web:fetch"))
+    assert node.description == CATALOG["web:fetch"]
+    missing = await rpc_error(
+        rig.stub.GetNode(search_pb2.GetNodeRequest(tenant_id=tenant, id="slack:post"))
+    )
+    assert missing.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_capabilities_whose_events_cannot_be_published_leave_the_store_as_it_was(
+    rig: Rig, tenant: str
+) -> None:
+    rig.bus_redis.stop()
+    caps = [
+        capability("edit-file", "Read a file, change it, write it back.", list(CATALOG)[:2]),
+        capability("publish-page", "Fetch a page and commit it.", ["web:fetch", "git:commit"]),
+    ]
+    error = await rpc_error(
+        rig.stub.RegisterCapabilities(
+            search_pb2.RegisterCapabilitiesRequest(tenant_id=tenant, capabilities=caps),
+            timeout=60,
+        )
+    )
+    assert await rig.points(CAPABILITY, tenant) == {}
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert "nothing was registered" in (error.details() or "")
