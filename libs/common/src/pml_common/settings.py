@@ -219,6 +219,13 @@ class Settings(BaseSettings):
         description="Characters of a query or intent that are embedded; the rest is cut off.",
     )
     max_limit: int = Field(100, ge=1, description="Largest `limit` / `k` accepted.")
+    catalog_write_chunk: int = Field(
+        128,
+        ge=1,
+        le=50_000,
+        description="Tools or capabilities a registration embeds and stores at a time: bounds "
+        "its memory and the embedding work other tenants' requests wait behind.",
+    )
     candidate_pool: int = Field(
         50, ge=1, description="Semantic candidates generated before graph re-ranking."
     )
