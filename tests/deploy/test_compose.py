@@ -6,6 +6,7 @@ settings module: ports, addresses, environment, secrets, volumes, dependencies a
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -15,6 +16,7 @@ import yaml
 from compose_spec import PyOptions
 
 from pml_cli.local_stack import SERVICES
+from pml_common.local_runtime import REDIS_MAXMEMORY_POLICY
 from pml_common.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -213,3 +215,14 @@ def test_the_image_installs_every_workspace_member_from_the_lockfile() -> None:
     assert "UV_FROZEN=1" in dockerfile and "--no-dev" in dockerfile
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", ".git", ".pml"} <= set(ignored)
+
+
+def test_redis_evicts_only_keys_with_a_ttl_past_its_memory() -> None:
+    """The memory policy of docs/operations.md ("Memory"): the one local runs use."""
+    script = ALL["redis"]["command"][-1]
+    argv = shlex.split(script.replace("$$", "$"))
+    assert argv[:2] == ["exec", "redis-server"]
+    options = dict(zip(argv[2::2], argv[3::2], strict=True))
+    assert options["--maxmemory-policy"] == REDIS_MAXMEMORY_POLICY == "volatile-lru"
+    assert options["--maxmemory"] == "1gb"
+    assert options["--appendonly"] == "yes"

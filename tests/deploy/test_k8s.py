@@ -15,6 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from pml_common.local_runtime import REDIS_MAXMEMORY_POLICY
 from pml_common.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -459,3 +460,29 @@ def test_collector_pipeline_is_the_one_compose_uses() -> None:
     k8s = (K8S / "base" / "otel-collector-config.yaml").read_text()
     compose = (ROOT / "deploy" / "otel-collector" / "config.yaml").read_text()
     assert yaml.safe_load(k8s) == yaml.safe_load(compose)
+
+
+#: Multipliers of Redis's memory units and of Kubernetes quantities.
+_REDIS_UNITS = {"kb": 1024, "mb": 1024**2, "gb": 1024**3, "k": 10**3, "m": 10**6, "g": 10**9}
+_K8S_UNITS = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "K": 10**3, "M": 10**6, "G": 10**9}
+
+
+def _bytes(value: str, units: dict[str, int]) -> int:
+    for unit in sorted(units, key=len, reverse=True):
+        if value.endswith(unit):
+            return int(value.removesuffix(unit)) * units[unit]
+    return int(value)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_redis_evicts_only_keys_with_a_ttl_within_its_container(layout: str) -> None:
+    """The memory policy of docs/operations.md ("Memory"), with room left under the limit for
+    the AOF rewrite's copy-on-write."""
+    (container,) = pod_spec(named(layout, "StatefulSet", "redis"))["containers"]
+    args = container["args"]
+    options = dict(zip(args[::2], args[1::2], strict=True))
+    assert options["--maxmemory-policy"] == REDIS_MAXMEMORY_POLICY == "volatile-lru"
+    assert options["--appendonly"] == "yes"
+    maxmemory = _bytes(options["--maxmemory"], _REDIS_UNITS)
+    limit = _bytes(container["resources"]["limits"]["memory"], _K8S_UNITS)
+    assert 0 < maxmemory <= limit // 2

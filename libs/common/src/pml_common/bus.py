@@ -13,7 +13,13 @@ consumes its stream in a consumer group, at least once:
   `reclaim_idle_ms`) redelivers it, also when the consumer that read it died; at
   `max_deliveries` it is dead-lettered with the exception text and acked (checked before the
   entry is decoded, so the limit holds even for a batch that fails as a whole);
-- a group that vanished (Redis flushed or restarted empty) is recreated and consuming resumes.
+- a group that vanished (Redis flushed or restarted empty) is recreated and consuming resumes;
+- every minute, the streams it consumes are trimmed of what every group has acknowledged, once
+  older than `stream_retention_s` (`pml_common.stream_retention`: never an entry a group still
+  needs; `stream_maxlen` on XADD is only the backstop, and its losses are logged);
+- a dead letter keeps at most `dead_letter_payload_chars` of the payload and of the reason, and
+  the dead-letter stream at most about `dead_letter_maxlen` letters, so one huge or repeated
+  poison event cannot fill Redis.
 
 Entries are read and handled in batches of up to `_BATCH`, in stream order: one MGET asks which
 events the group has handled already, the handlers run one after the other (one span each), and
@@ -58,6 +64,12 @@ from redis.exceptions import RedisError, ResponseError
 from pml_common import redis_keys
 from pml_common.events import Event, EventRejected, Streams, parse_event
 from pml_common.settings import Settings, redis_credentials
+from pml_common.stream_retention import (
+    RetentionPass,
+    StreamRetention,
+    register_replica_group,
+    unregister_replica_group,
+)
 from pml_common.telemetry import extract_trace, inject_trace
 
 E = TypeVar("E", bound=Event)
@@ -72,6 +84,8 @@ _BATCH = 16
 _LINGER_S = 0.005
 #: How often the watchdog checks that every subscriber still runs.
 _WATCHDOG_INTERVAL_S = 0.5
+#: How often the consumed streams are trimmed (`pml_common.stream_retention`).
+_RETENTION_INTERVAL_S = 60.0
 
 log = structlog.get_logger("pml_common.bus")
 _faststream_log = logging.getLogger("pml_common.bus.faststream")
@@ -99,10 +113,19 @@ class _Entry:
     payload: bytes
 
 
+def clip(text: str, limit: int) -> str:
+    """`text`, or its first `limit` characters and a marker saying how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…[cut: {limit} of {len(text)} characters kept]"
+
+
 @dataclass
 class _Writes:
     """What handling a batch leaves to write to Redis, all sent together by `EventBus._flush`."""
 
+    #: Characters of a dead letter's payload and reason kept (`dead_letter_payload_chars`).
+    letter_chars: int
     marks: list[str] = field(default_factory=list)
     dead_letters: list[dict[str, str]] = field(default_factory=list)
     acks: list[bytes] = field(default_factory=list)
@@ -122,8 +145,8 @@ class _Writes:
                 "group": sub.group,
                 "entry_id": _text(entry_id),
                 "event_id": event_id or "",
-                "reason": reason,
-                "payload": payload,
+                "reason": clip(reason, self.letter_chars),
+                "payload": clip(payload, self.letter_chars),
                 "failed_at": datetime.now(UTC).isoformat(),
             }
         )
@@ -228,6 +251,7 @@ class EventBus:
         self._broker: RedisBroker | None = None
         self._consumers: list[tuple[_Subscription, Any]] = []
         self._watchdog: asyncio.Task[None] | None = None
+        self._retention: asyncio.Task[None] | None = None
         # Entries whose handler is running in this process: the reclaimer must not start a
         # second run of an entry that is merely slow (same consumer name, so XAUTOCLAIM sees it).
         self._in_flight: set[tuple[str, str, bytes]] = set()
@@ -276,14 +300,18 @@ class EventBus:
             self._watchdog = asyncio.create_task(
                 self._watch(), name=f"bus-watchdog-{self._service}"
             )
+            self._retention = asyncio.create_task(
+                self._retain_forever(), name=f"bus-retention-{self._service}"
+            )
         log.info("bus.started", service=self._service, subscriptions=len(self._subscriptions))
 
     async def stop(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watchdog
-            self._watchdog = None
+        for task in (self._watchdog, self._retention):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._watchdog = self._retention = None
         if self._broker is not None and self._subscriptions:
             await self._broker.stop()
         self._broker = None
@@ -434,7 +462,7 @@ class EventBus:
         """
         started = time.monotonic()
         slow_after_s = self._settings.reclaim_idle_ms / 1000 / 4
-        writes = _Writes()
+        writes = _Writes(self._settings.dead_letter_payload_chars)
         if reclaimed:
             # Before anything else can fail: whatever keeps a batch from being handled, an entry
             # delivered too often leaves the stream here.
@@ -581,7 +609,7 @@ class EventBus:
                 pipe.xadd(
                     Streams.DEAD_LETTER,
                     letter,  # type: ignore[arg-type]
-                    maxlen=self._settings.stream_maxlen,
+                    maxlen=self._settings.dead_letter_maxlen,
                     approximate=True,
                 )
             pipe.xack(sub.stream, sub.group, *writes.acks)
@@ -646,6 +674,22 @@ class EventBus:
                         group=sub.group,
                         error=f"{type(exc).__name__}: {exc}",
                     )
+
+    async def trim_streams(self) -> list[RetentionPass]:
+        """One retention pass over every stream this bus consumes (done every minute)."""
+        retention = StreamRetention(self._redis, self._settings)
+        streams = dict.fromkeys(sub.stream for sub in self._subscriptions)
+        return [await retention.apply(stream) for stream in streams]
+
+    async def _retain_forever(self) -> None:
+        while True:
+            await asyncio.sleep(_RETENTION_INTERVAL_S)
+            try:
+                await self.trim_streams()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a missed pass is harmless: the next one catches up
+                log.warning("bus.retention_failed", error=f"{type(exc).__name__}: {exc}")
 
 
 async def _envelope_parser(message: Any, original: Callable[[Any], Awaitable[Any]]) -> Any:
@@ -720,7 +764,8 @@ async def create_replica_group(
     """Create a per-replica group at the end of each stream.
 
     Created before the bus would create it at the beginning, so that a new replica, which
-    loads its caches fresh, does not replay history into them.
+    loads its caches fresh, does not replay history into them. Registered as a replica's, so
+    that once the replica is gone without removing it, stream retention removes it.
     """
     for event_type in event_types:
         try:
@@ -728,6 +773,7 @@ async def create_replica_group(
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+        await register_replica_group(client, event_type.STREAM, group)
 
 
 async def destroy_replica_group(
@@ -737,3 +783,4 @@ async def destroy_replica_group(
     for event_type in event_types:
         with contextlib.suppress(RedisError):
             await client.xgroup_destroy(event_type.STREAM, group)
+            await unregister_replica_group(client, event_type.STREAM, group)

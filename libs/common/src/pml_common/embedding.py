@@ -385,15 +385,19 @@ class CachedEmbedder(_Wrapper):
 
     Key `pml:emb:{name}:{q|p}:{sha256(text)}` holds the float32 bytes of the vector. The cache
     is an optimisation only: any Redis failure is logged and the vectors are computed instead.
+    Every entry is written with a TTL: it is what makes the cache, and nothing else, evictable
+    under Redis's `volatile-lru` policy (docs/operations.md, "Memory").
     """
 
     def __init__(
         self,
         inner: Embedder,
         redis: Redis,
-        ttl_s: int = 0,
+        ttl_s: int,
         timeout_s: float = 1.0,
     ) -> None:
+        if ttl_s < 1:
+            raise ValueError(f"cached embeddings need a TTL of at least 1 s, got {ttl_s}")
         self._inner = inner
         self._redis = redis
         self._ttl_s = ttl_s
@@ -449,12 +453,11 @@ class CachedEmbedder(_Wrapper):
         }
 
     async def _write(self, vectors: dict[str, np.ndarray]) -> None:
-        ttl = self._ttl_s or None
         try:
             async with asyncio.timeout(self._timeout_s):
                 pipe = self._redis.pipeline(transaction=False)
                 for key, vec in vectors.items():
-                    pipe.set(key, np.asarray(vec, dtype=np.float32).tobytes(), ex=ttl)
+                    pipe.set(key, np.asarray(vec, dtype=np.float32).tobytes(), ex=self._ttl_s)
                 await pipe.execute()
         except (RedisError, OSError, TimeoutError) as exc:
             log.warning("embedding cache write failed", error=repr(exc), keys=len(vectors))

@@ -23,6 +23,14 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[4]
 NEO4J_PROJECT = REPO_ROOT / "deploy" / "local" / "neo4j"
 
+#: Redis's eviction policy wherever PML runs it (here, docker-compose.yml, deploy/k8s): at
+#: `maxmemory` only keys with a TTL are evicted (the embedding cache first of all), never a
+#: stream or a key without TTL; when nothing can be evicted, writes fail instead of data being
+#: lost (docs/operations.md, "Memory").
+REDIS_MAXMEMORY_POLICY = "volatile-lru"
+#: Memory the local Redis (`make run`, the test suite) may use.
+LOCAL_REDIS_MAXMEMORY = "1gb"
+
 
 class LocalRuntimeError(RuntimeError):
     """A local server could not be started; the message says what to do."""
@@ -150,8 +158,14 @@ def _spawn(
         )
 
 
-def start_redis(workdir: Path, port: int | None = None, timeout: float = 20.0) -> ManagedProcess:
-    """Start `redis-server` on loopback with no persistence, data under `workdir`."""
+def start_redis(
+    workdir: Path,
+    port: int | None = None,
+    timeout: float = 20.0,
+    maxmemory: str = LOCAL_REDIS_MAXMEMORY,
+) -> ManagedProcess:
+    """Start `redis-server` on loopback with no persistence, data under `workdir`, using at
+    most `maxmemory` under `REDIS_MAXMEMORY_POLICY`."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise LocalRuntimeError(
@@ -169,6 +183,10 @@ def start_redis(workdir: Path, port: int | None = None, timeout: float = 20.0) -
         "",
         "--appendonly",
         "no",
+        "--maxmemory",
+        maxmemory,
+        "--maxmemory-policy",
+        REDIS_MAXMEMORY_POLICY,
         "--dir",
         str(workdir),
         "--protected-mode",

@@ -108,6 +108,13 @@ def holdout(tenant: str, part: str) -> str:
     return key("holdout", tenant, part)
 
 
+def replica_groups(stream: str) -> str:
+    """The consumer groups of one stream that belong to a single replica (field: group, value:
+    when it was created, ms), which `pml_common.stream_retention` removes once the replica is
+    gone."""
+    return key("bus", "replica-groups", stream)
+
+
 # Keys of no tenant: hashes whose fields are tenant ids, and the trainer's lock.
 #: Executions added to each tenant's replay buffer (field: tenant).
 REPLAY_ADDED = key("replay", "added")

