@@ -656,6 +656,36 @@ def bench_knowledge(
     _emit(result, as_json)
 
 
+@bench_app.command("soak")
+def bench_soak(
+    minutes: Annotated[
+        float, typer.Option(min=0.1, help="Length of the load; faults at fixed shares of it.")
+    ] = 10.0,
+    clients: Annotated[int, typer.Option(min=1, help="Concurrent Search clients.")] = 4,
+    search_rate: Annotated[
+        float, typer.Option(min=0.1, help="Searches per second, all clients together.")
+    ] = 20.0,
+    event_rate: Annotated[
+        float, typer.Option(min=0.1, help="ExecutionCompleted events published per second.")
+    ] = 5.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Mixed load on a private system while a consumer is SIGKILLed, Redis restarted and Neo4j
+    stopped: rates held, errors by code, events lost and effects counted twice (exit 1 when an
+    event was lost, counted twice or still queued after the drain)."""
+    from pml_cli.bench_soak import SoakPlan
+    from pml_cli.bench_soak import bench_soak as run_bench
+    from pml_common.local_runtime import LocalRuntimeError
+
+    try:
+        result = run_bench(SoakPlan(minutes, clients, search_rate, event_rate), err)
+    except (LocalRuntimeError, TimeoutError) as exc:
+        fail(str(exc))
+    _emit(result, as_json)
+    if not result["passed"]:
+        fail("events lost, counted twice or still queued: see `lost`, `double_effects`, `drained`")
+
+
 @bench_app.command("cli")
 def bench_cli(
     runs: Annotated[int, typer.Option(min=1, help="Measured runs of each command.")] = 9,
