@@ -198,6 +198,34 @@ async def test_an_entry_announced_while_a_replica_reads_the_catalog_is_not_lost(
     release.set()
     await asyncio.gather(first_request, announced)
     monkeypatch.setattr(replica_b, "_load", load)
-    matrix = replica_b._cache[(tenant, TOOL)]
+    matrix = replica_b._cache.peek((tenant, TOOL))
+    assert matrix is not None
     assert set(matrix.index) == {"fs:read_file", "web:fetch"}
     assert not replica_b.is_cached(f"{tenant}-never-read", TOOL)
+
+
+async def test_the_cache_keeps_its_entry_budget_and_reads_dropped_tenants_again(
+    parts: tuple[QdrantVectorStore, CatalogIndex], tenant: str
+) -> None:
+    """At most `max_entries` entries stay in memory: the least recently used tenant is dropped
+    and served again from the store; a tenant without entries counts as one."""
+    store, full = parts
+    catalog = CatalogIndex(store, full.embedder, max_entries=3)
+    first, second = f"{tenant}-a", f"{tenant}-b"
+    await catalog.index(first, TOOL, [_tool(first, "fs:read_file", "Read a file")])
+    await catalog.index(first, TOOL, [_tool(first, "fs:write_file", "Write a file")])
+    assert catalog.is_cached(first, TOOL)
+    await catalog.index(second, TOOL, [_tool(second, "web:fetch", "Fetch a web page")])
+    await catalog.index(second, TOOL, [_tool(second, "web:post", "Post a form")])
+    assert catalog.is_cached(second, TOOL)
+    assert not catalog.is_cached(first, TOOL)  # 4 entries > 3: the older tenant gave way
+
+    query = await catalog.embedder.embed_queries(["read a file"])
+    top = await catalog.ranked(first, TOOL, ["read a file"], query, 1, HYBRID)
+    assert [s.entry.id for s in top] == ["fs:read_file"]  # read again from the store
+    assert catalog.is_cached(first, TOOL) and not catalog.is_cached(second, TOOL)
+
+    for i in range(20):  # requests naming tenants that have nothing
+        assert await catalog.ranked(f"{tenant}-none-{i}", TOOL, ["x"], query, 1, HYBRID) == []
+    assert catalog._cache.weight() == 3 and catalog.is_cached(f"{tenant}-none-19", TOOL)
+    assert len(catalog._locks) == 0  # locks live while writers hold them only

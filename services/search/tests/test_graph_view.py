@@ -119,3 +119,22 @@ async def test_a_change_announced_while_the_tenant_loads_is_not_lost(
     release.set()
     await asyncio.gather(first_request, announced)
     assert (await view.get(tenant)).tools["git:commit"].executions == 3
+
+
+async def test_views_keep_their_node_budget_empty_ones_counting_as_one(
+    driver: neo4j.AsyncDriver, settings: Settings, tenant: str
+) -> None:
+    first, second = f"{tenant}-a", f"{tenant}-b"
+    for name in (first, second):
+        await _tool(driver, name, "x:one", 1, 1)
+        await _tool(driver, name, "x:two", 2, 1)
+    view = GraphView(driver, settings.neo4j_database, max_entries=3)
+    assert (await view.get(first)).tools["x:one"].executions == 1
+    assert (await view.get(second)).tools["x:two"].executions == 2
+    assert view.cached(first) is None  # 4 nodes > 3: the least recently used went
+    assert view.cached(second) is not None
+    assert (await view.get(first)).tools["x:two"].successes == 1  # read again
+    for i in range(20):  # requests naming tenants that have nothing
+        assert (await view.get(f"{tenant}-none-{i}")).size() == 0
+    assert view._tenants.weight() == 3 and view.cached(f"{tenant}-none-19") is not None
+    assert len(view._locks) == 0  # locks live while a read holds them only

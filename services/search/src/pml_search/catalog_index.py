@@ -19,7 +19,10 @@ redelivered event neither re-embeds nor rewrites.
 Read cache: the vector store is the system of record; for ranking, each tenant's vectors are
 also kept as an (n, dim) float32 matrix per kind, loaded from the store on the tenant's first
 request and updated on every upsert/delete made through this class, so a query is a single
-brute-force dot product (see `docs/search.md` in this service for the measurements).
+brute-force dot product (see `docs/search.md` in this service for the measurements). The cache
+holds at most `max_entries` entries over all tenants (`PML_SEARCH_CACHE_MAX_ENTRIES`): the least
+recently used tenants are dropped and read again on their next request. An empty matrix counts
+as one entry, so requests naming any tenant ids stay within the bound too.
 
 Ranking is the first stage of `pml_common.first_stage`: every entry's dense similarity and BM25
 score, fused. Each cached matrix keeps a lexical index of its entries; a write returns only once
@@ -35,6 +38,7 @@ import hashlib
 import json
 import re
 import uuid
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -52,6 +56,8 @@ from pml_common.first_stage import (
     normalised_lexical,
     relevance_parts,
 )
+from pml_common.settings import Settings
+from pml_common.tenant_cache import TenantCache
 from pml_search.ranking import top_k_indices
 from pml_search.vector_store import VectorPoint, VectorStore
 
@@ -231,20 +237,39 @@ class TenantMatrix:
         ]
 
 
+@dataclass(eq=False)
+class _Load:
+    """A read of one tenant's entries under way; a deletion meanwhile makes it stale."""
+
+    stale: bool = False
+
+
+def _weight(matrix: TenantMatrix) -> int:
+    return max(1, len(matrix))
+
+
+#: Default of `max_entries`: the setting's.
+MAX_ENTRIES: int = Settings.model_fields["search_cache_max_entries"].default
+
+
 class CatalogIndex:
     """Writes the catalog into the vector store and answers nearest-neighbour queries."""
 
-    def __init__(self, store: VectorStore, embedder: Embedder) -> None:
+    def __init__(
+        self, store: VectorStore, embedder: Embedder, max_entries: int = MAX_ENTRIES
+    ) -> None:
         self._store = store
         self._embedder = embedder
         self.collections = collections_for(embedder.name)
         self._parts = part_dims(embedder)
-        self._cache: dict[tuple[str, str], TenantMatrix] = {}
-        # Reads of the store under way, per (tenant, kind): see `is_cached`.
-        self._loading: dict[tuple[str, str], int] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        # Bumped when a tenant is deleted, so a load that started before is not installed.
-        self._generation: dict[str, int] = {}
+        self._cache: TenantCache[tuple[str, str], TenantMatrix] = TenantCache(
+            "search.catalog", max_entries, _weight, busy=lambda key: self._writing(key[0])
+        )
+        # Reads of the store under way, per (tenant, kind): see `is_cached`. Only while they
+        # run, so nothing here outlives a request.
+        self._loading: dict[tuple[str, str], list[_Load]] = {}
+        # Held by writers only; a lock nobody holds or waits for is forgotten with its tenant.
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     @property
     def embedder(self) -> Embedder:
@@ -279,6 +304,7 @@ class CatalogIndex:
                 await self._store.upsert(self.collections[kind], points)
                 matrix.upsert([e for e, _ in todo], [h for _, h in todo], vecs)
                 await matrix.lexical_index()
+                self._cache.shrink()  # the matrix grew: other tenants may have to give way
             log.info(
                 "catalog indexed",
                 tenant=tenant,
@@ -294,8 +320,9 @@ class CatalogIndex:
             deleted = 0
             for kind, collection in self.collections.items():
                 deleted += await self._store.delete(collection, {"tenant_id": tenant})
-                self._cache.pop((tenant, kind), None)
-            self._generation[tenant] = self._generation.get(tenant, 0) + 1
+                self._cache.pop((tenant, kind))
+                for load in self._loading.get((tenant, kind), ()):
+                    load.stale = True
             return deleted
 
     # --- reads --------------------------------------------------------------------------------
@@ -338,24 +365,28 @@ class CatalogIndex:
     def _lock(self, tenant: str) -> asyncio.Lock:
         return self._locks.setdefault(tenant, asyncio.Lock())
 
+    def _writing(self, tenant: str) -> bool:
+        lock = self._locks.get(tenant)
+        return lock is not None and lock.locked()
+
     async def _matrix(self, tenant: str, kind: str) -> TenantMatrix:
-        matrix = self._cache.get((tenant, kind))
-        if matrix is None:
-            generation = self._generation.get(tenant, 0)
-            key = (tenant, kind)
-            self._loading[key] = self._loading.get(key, 0) + 1
-            try:
-                matrix = await self._load(tenant, kind)
-            finally:
-                self._loading[key] -= 1
-                if not self._loading[key]:
-                    del self._loading[key]
-            if generation != self._generation.get(tenant, 0):
-                return TenantMatrix(
-                    self._embedder.dim, self._parts
-                )  # deleted meanwhile: serve nothing
-            matrix = self._cache.setdefault((tenant, kind), matrix)
-        return matrix
+        """The tenant's cached matrix, read from the store if need be."""
+        key = (tenant, kind)
+        matrix = self._cache.get(key)
+        if matrix is not None:
+            return matrix
+        load = _Load()
+        self._loading.setdefault(key, []).append(load)
+        try:
+            matrix = await self._load(tenant, kind)
+        finally:
+            loads = self._loading[key]
+            loads.remove(load)
+            if not loads:
+                del self._loading[key]
+        if load.stale:
+            return TenantMatrix(self._embedder.dim, self._parts)  # deleted meanwhile: serve nothing
+        return self._cache.setdefault(key, matrix)
 
     async def _load(self, tenant: str, kind: str) -> TenantMatrix:
         matrix = TenantMatrix(self._embedder.dim, self._parts)

@@ -4,11 +4,17 @@ Search never writes Neo4j. For each tenant it keeps the execution statistics of 
 capabilities and the tool→tool LINK edges in memory, loaded on the tenant's first request and
 refreshed when the trainer publishes `GraphChanged` (only the named nodes when the event names
 some, the whole tenant otherwise). The ranking hot path therefore makes no Neo4j round trip.
+
+Memory: the views hold at most `max_entries` nodes and links over all tenants
+(`PML_SEARCH_CACHE_MAX_ENTRIES`); the least recently used tenants are dropped and read again on
+their next request. An empty view counts as one, so requests naming any tenant ids stay within
+the bound too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +22,8 @@ from typing import Any
 import neo4j
 import structlog
 
+from pml_common.settings import Settings
+from pml_common.tenant_cache import TenantCache
 from pml_search.ranking import LinkGraph, success_rate_of
 
 log = structlog.get_logger(__name__)
@@ -65,6 +73,14 @@ class TenantGraph:
         table = self.tools if kind == "tool" else self.capabilities
         return table.get(node_id)
 
+    def size(self) -> int:
+        """Nodes and links held."""
+        return len(self.tools) + len(self.capabilities) + self.links.edge_count()
+
+    def weight(self) -> int:
+        """The view's weight in the cache: its size, and at least 1."""
+        return max(1, self.size())
+
 
 def _stats_of(record: neo4j.Record | dict[str, Any]) -> NodeStats:
     executions = int(record["executions"] or 0)
@@ -83,14 +99,23 @@ def _edges_of(records: Iterable[neo4j.Record]) -> list[tuple[str, str, float]]:
     return [(r["src"], r["dst"], float(r["weight"] or 0.0)) for r in records]
 
 
+#: Default of `max_entries`: the setting's.
+MAX_ENTRIES: int = Settings.model_fields["search_cache_max_entries"].default
+
+
 class GraphView:
     """Per-tenant cache of the graph facts ranking needs."""
 
-    def __init__(self, driver: neo4j.AsyncDriver, database: str) -> None:
+    def __init__(
+        self, driver: neo4j.AsyncDriver, database: str, max_entries: int = MAX_ENTRIES
+    ) -> None:
         self._driver = driver
         self._database = database
-        self._tenants: dict[str, TenantGraph] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._tenants: TenantCache[str, TenantGraph] = TenantCache(
+            "search.graph", max_entries, TenantGraph.weight, busy=self._busy
+        )
+        # A lock nobody holds or waits for is forgotten: tenant ids come from requests.
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     async def get(self, tenant: str) -> TenantGraph:
         """The tenant's view, read from Neo4j on first use only."""
@@ -100,12 +125,11 @@ class GraphView:
         async with self._lock(tenant):
             cached = self._tenants.get(tenant)
             if cached is None:
-                cached = await self._load(tenant)
-                self._tenants[tenant] = cached
+                cached = self._tenants.put(tenant, await self._load(tenant))
             return cached
 
     def cached(self, tenant: str) -> TenantGraph | None:
-        return self._tenants.get(tenant)
+        return self._tenants.peek(tenant)
 
     async def refresh(self, tenant: str, node_ids: Sequence[str] = ()) -> None:
         """Re-read the named nodes (and their edges), or the whole tenant when none are named.
@@ -114,23 +138,28 @@ class GraphView:
         anyway. One being read is refreshed once the read is stored, since that read may have
         happened before the change this refresh announces.
         """
-        lock = self._locks.get(tenant)
-        if tenant not in self._tenants and (lock is None or not lock.locked()):
+        if tenant not in self._tenants and not self._busy(tenant):
             return
         async with self._lock(tenant):
-            current = self._tenants.get(tenant)
+            current = self._tenants.peek(tenant)
             if current is None:
                 return
             if not node_ids:
-                self._tenants[tenant] = await self._load(tenant)
+                self._tenants.replace(tenant, await self._load(tenant))
                 return
             await self._refresh_nodes(tenant, current, list(dict.fromkeys(node_ids)))
+            self._tenants.shrink()  # the view may have grown
 
     def forget(self, tenant: str) -> None:
-        self._tenants.pop(tenant, None)
+        self._tenants.pop(tenant)
 
     def _lock(self, tenant: str) -> asyncio.Lock:
         return self._locks.setdefault(tenant, asyncio.Lock())
+
+    def _busy(self, tenant: str) -> bool:
+        """Whether the tenant is being read or refreshed (its view must not be dropped)."""
+        lock = self._locks.get(tenant)
+        return lock is not None and lock.locked()
 
     async def _query(self, cypher: str, **params: Any) -> list[neo4j.Record]:
         async def work(tx: neo4j.AsyncManagedTransaction) -> list[neo4j.Record]:

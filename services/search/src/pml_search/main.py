@@ -55,8 +55,14 @@ class SearchApp:
         self._redis = redis_client(settings)
         self._store = QdrantVectorStore.from_settings(settings)
         self._driver = neo4j_driver(settings)
-        self.catalog = CatalogIndex(self._store, build_tool_embedder(settings, self._redis))
-        self.graph = GraphView(self._driver, settings.neo4j_database)
+        self.catalog = CatalogIndex(
+            self._store,
+            build_tool_embedder(settings, self._redis),
+            max_entries=settings.search_cache_max_entries,
+        )
+        self.graph = GraphView(
+            self._driver, settings.neo4j_database, max_entries=settings.search_cache_max_entries
+        )
         self.bus = EventBus(settings, SERVICE)
         consumers = SearchConsumers(self.catalog, self.graph)
         # Document chunks (knowledge evidence), from the ingest pipeline's ChunksExtracted.
