@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from pml_common.events import (
     EventRejected,
@@ -110,6 +111,16 @@ def test_ids_of_steps_and_capabilities_have_no_control_characters() -> None:
     assert "control characters" in reason_of(execution(capability_id="c\r\n"))
 
 
+def test_ids_of_steps_and_capabilities_have_no_whitespace_around_them() -> None:
+    """Requests naming a node are stripped: a padded id could be stored, never found again."""
+    for padded in (" cap", "cap ", "cap\u3000"):
+        steps = [{"node_id": padded, "success": True, "depends_on": []}]
+        assert "must not start or end with whitespace" in reason_of(execution(steps=steps))
+        assert "whitespace" in reason_of(execution(capability_id=padded))
+    steps = [{"node_id": "my cap", "success": True, "depends_on": []}]  # inside: data
+    assert parse_event(json.dumps(execution(steps=steps))).steps[0].node_id == "my cap"  # type: ignore[attr-defined]
+
+
 def test_occurred_at_within_the_clock_skew() -> None:
     soon = datetime.now(UTC) + timedelta(minutes=5)
     assert parse_event(json.dumps(execution(occurred_at=soon.isoformat()))).occurred_at == soon
@@ -117,6 +128,15 @@ def test_occurred_at_within_the_clock_skew() -> None:
     assert "in the future" in reason_of(execution(occurred_at=later.isoformat()))
     naive = datetime(2025, 1, 2, 3, 4, 5).isoformat()  # no zone: read as UTC
     assert parse_event(json.dumps(execution(occurred_at=naive))).occurred_at.tzinfo is not None
+
+
+@pytest.mark.parametrize("version", ["1", True, 1.0])
+def test_a_version_that_is_not_an_integer_is_refused_by_both_parsers(version: object) -> None:
+    payload = json.dumps(execution(version=version))
+    with pytest.raises(EventRejected, match="non-integer `version`"):
+        parse_event(payload)
+    with pytest.raises(ValidationError, match="version"):  # the consumers' one-pass parse
+        ExecutionCompleted.model_validate_json(payload)
 
 
 def test_nesting_beyond_any_decoder_is_a_rejection_not_a_crash() -> None:

@@ -91,7 +91,9 @@ class Event(BaseModel):
         AfterValidator(input_rules.event_id),
     ]
     type: str
-    version: int
+    # Strict, so that validating the JSON in one pass (what the consumers do first) refuses
+    # what `parse_event` refuses: lax mode would read "1", true or 1.0 as version 1.
+    version: int = Field(strict=True)
     occurred_at: Annotated[datetime, AfterValidator(input_rules.occurred_at)] = Field(
         default_factory=utcnow
     )

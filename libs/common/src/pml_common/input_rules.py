@@ -8,8 +8,8 @@ INVALID_ARGUMENT, the event side into a dead letter with that reason.
 
 Ids are the names agents and servers really use: spaces, dots and any script are data, matched
 exactly. Refused are control characters (they garble the logs that quote an id and have no
-business in a name), blank ids, ids past `MAX_ID_CHARS`, and tool ids that break the
-`<server>:<tool>` separator rule.
+business in a name), blank ids, ids past `MAX_ID_CHARS`, ids with whitespace around them, and
+tool ids that break the `<server>:<tool>` separator rule.
 """
 
 from __future__ import annotations
@@ -59,14 +59,25 @@ def tenant(value: str, *, field: str = "tenant_id") -> str:
     return clean
 
 
-def node_id(value: str, *, field: str = "id") -> str:
-    """A node id (tool, capability, document, step): not blank, bounded, no control characters."""
+def node_id_problem(value: str) -> str | None:
+    """Why `value` cannot be a node id (tool, capability, step), or None: not blank, bounded,
+    no control characters, and no whitespace around it, since requests naming a node are
+    stripped (`" cap"` could be stored but never found again)."""
     if not value.strip():
-        raise InputError(f"{field} must not be empty")
+        return "must not be empty"
     if len(value) > MAX_ID_CHARS:
-        raise InputError(f"{field} is longer than {MAX_ID_CHARS} characters")
+        return f"is longer than {MAX_ID_CHARS} characters"
     if has_control(value):
-        raise InputError(f"{field} must not hold control characters")
+        return "must not hold control characters"
+    if value != value.strip():
+        return "must not start or end with whitespace"
+    return None
+
+
+def node_id(value: str, *, field: str = "id") -> str:
+    problem = node_id_problem(value)
+    if problem:
+        raise InputError(f"{field} {problem}")
     return value
 
 

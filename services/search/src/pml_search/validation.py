@@ -189,8 +189,9 @@ def _tool_problem(tool: common_pb2.Tool, seen: set[str]) -> str | None:
 
 
 def _capability_problem(cap: common_pb2.Capability, seen: set[str]) -> str | None:
-    if not cap.id.strip() or len(cap.id) > MAX_TEXT or input_rules.has_control(cap.id):
-        return f"id must not be empty (at most {MAX_TEXT} characters, no control characters)"
+    problem = input_rules.node_id_problem(cap.id)
+    if problem:
+        return f"id {problem}"
     if cap.id in seen:
         return "id appears more than once in the batch"
     if not cap.name.strip():
@@ -204,10 +205,11 @@ def _capability_problem(cap: common_pb2.Capability, seen: set[str]) -> str | Non
     bad_tools = [t for t in cap.tools if not input_rules.is_tool_id(t)]
     if bad_tools:
         return f"tools must be tool ids '<server>:<tool>'; invalid: {_names(bad_tools)}"
-    if any(
-        not c.strip() or len(c) > MAX_TEXT or input_rules.has_control(c) for c in cap.capabilities
-    ):
-        return f"capabilities must hold ids of 1 to {MAX_TEXT} characters, no control characters"
+    if any(input_rules.node_id_problem(c) for c in cap.capabilities):
+        return (
+            f"capabilities must hold ids of 1 to {MAX_TEXT} characters, no control characters, "
+            "no whitespace around them"
+        )
     if cap.id in cap.capabilities:
         return "a capability cannot contain itself"
     return None
