@@ -6,6 +6,8 @@ event cannot be published must leave the vector store as it was and say why.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,14 +17,17 @@ import grpc
 import neo4j
 import numpy as np
 import pytest
+from redis.asyncio import Redis
 
 from pml.v1 import common_pb2, search_pb2, search_pb2_grpc
-from pml_common.bus import EventBus
+from pml_common.bus import EVENT_FIELD, EventBus
 from pml_common.embedding import build_tool_embedder
+from pml_common.events import CapabilityLearned, Event, ToolsRegistered
 from pml_common.grpc_server import GrpcServer
 from pml_common.local_runtime import ManagedProcess, start_redis
 from pml_common.settings import Settings
 from pml_common.stores import redis_client
+from pml_common.testing import eventually
 from pml_search.catalog_index import CAPABILITY, TOOL, CatalogIndex
 from pml_search.graph_view import GraphView
 from pml_search.service import SearchServicer
@@ -45,6 +50,11 @@ def capability(cap_id: str, description: str, tools: list[str]) -> common_pb2.Ca
     return common_pb2.Capability(id=cap_id, name=cap_id, description=description, tools=tools)
 
 
+#: Entries a registration embeds and stores at a time here: small, so that small catalogs take
+#: many chunks.
+CHUNK = 3
+
+
 @dataclass
 class Rig:
     """A search servicer on real stores, whose bus Redis the test may stop."""
@@ -53,11 +63,17 @@ class Rig:
     store: QdrantVectorStore
     catalog: CatalogIndex
     bus_redis: ManagedProcess
+    bus: Redis
 
     async def points(self, kind: str, tenant: str) -> dict[str, tuple[dict[str, Any], Any]]:
         """The tenant's stored points of `kind`: payload and vector by point id."""
         points = await self.store.scan(self.catalog.collections[kind], {"tenant_id": tenant})
         return {p.id: (p.payload, p.vector) for p in points}
+
+    async def published(self, event_type: type[Event]) -> list[dict[str, Any]]:
+        """The events of `event_type` on the bus, oldest first."""
+        rows = await self.bus.xrange(event_type.STREAM)
+        return [json.loads(fields[EVENT_FIELD.encode()]) for _, fields in rows]
 
 
 def assert_same_points(
@@ -83,7 +99,7 @@ async def rig(
     settings: Settings, graph_db: neo4j.AsyncDriver, bus_redis: ManagedProcess
 ) -> AsyncIterator[Rig]:
     # USE alone keeps the embedding of the larger catalogs below quick.
-    local = settings.model_copy(update={"tool_embedder": "use"})
+    local = settings.model_copy(update={"tool_embedder": "use", "catalog_write_chunk": CHUNK})
     cache = redis_client(local)
     bus_client = redis_client(local.model_copy(update={"redis_url": bus_redis.url}))
     store = QdrantVectorStore.from_settings(local)
@@ -103,7 +119,8 @@ async def rig(
     port = await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            yield Rig(search_pb2_grpc.SearchServiceStub(channel), store, catalog, bus_redis)
+            stub = search_pb2_grpc.SearchServiceStub(channel)
+            yield Rig(stub, store, catalog, bus_redis, bus_client)
     finally:
         await server.stop(0)
         await store.close()
@@ -169,3 +186,81 @@ async def test_capabilities_whose_events_cannot_be_published_leave_the_store_as_
     assert await rig.points(CAPABILITY, tenant) == {}
     assert error.code() == grpc.StatusCode.UNAVAILABLE
     assert "nothing was registered" in (error.details() or "")
+
+
+async def test_a_registration_its_caller_abandons_midway_leaves_the_store_as_it_was(
+    rig: Rig, tenant: str
+) -> None:
+    first = [tool(i, d) for i, d in CATALOG.items()]
+    await rig.stub.RegisterTools(
+        search_pb2.RegisterToolsRequest(tenant_id=tenant, tools=first), timeout=60
+    )
+    before = await rig.points(TOOL, tenant)
+    many = [tool(f"bulk:tool_{i}", f"Handles item {i} of the bulk set.") for i in range(300)]
+    many[0] = tool("fs:read_file", "Read a file as base64.")  # a replaced one too
+    call = rig.stub.RegisterTools(
+        search_pb2.RegisterToolsRequest(tenant_id=tenant, tools=many), timeout=120
+    )
+    # Some chunks are stored, far from all of them: the caller goes away.
+    await eventually(lambda: rig.points(TOOL, tenant), lambda now: len(now) > len(before))
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await eventually(lambda: rig.points(TOOL, tenant), lambda now: sorted(now) == sorted(before))
+    assert_same_points(await rig.points(TOOL, tenant), before)
+    assert len(await rig.published(ToolsRegistered)) == 1  # the first registration's only
+    node = await rig.stub.GetNode(search_pb2.GetNodeRequest(tenant_id=tenant, id="fs:read_file"))
+    assert node.description == CATALOG["fs:read_file"]
+
+
+async def test_a_large_registration_is_stored_in_chunks_served_whole_and_announced_once(
+    rig: Rig, tenant: str
+) -> None:
+    count = 100 * CHUNK + 1
+    batch = [tool(f"bulk:tool_{i}", f"Handles item {i} of the bulk set.") for i in range(count)]
+    reply = await rig.stub.RegisterTools(
+        search_pb2.RegisterToolsRequest(tenant_id=tenant, tools=batch), timeout=300
+    )
+    assert reply.registered == count
+    assert len(reply.event_ids) == 1
+    assert len(await rig.points(TOOL, tenant)) == count
+    for t in batch:
+        node = await rig.stub.GetNode(search_pb2.GetNodeRequest(tenant_id=tenant, id=t.id))
+        assert node.description == t.description
+    found = await rig.stub.Search(
+        search_pb2.SearchRequest(tenant_id=tenant, query="item 257", retriever="lexical"),
+        timeout=30,
+    )
+    assert found.results[0].id == "bulk:tool_257"
+    [event] = await rig.published(ToolsRegistered)
+    assert [t["id"] for t in event["tools"]] == [t.id for t in batch]
+
+
+async def test_capabilities_published_before_the_bus_failed_are_named(
+    rig: Rig, tenant: str
+) -> None:
+    """Capabilities have an event each: when the bus refuses one after others were published
+    (here its Redis runs out of memory), the answer names what is registered and what is not."""
+    caps = [
+        capability("small", "A short one.", ["git:commit"]),
+        capability("big", "Many tools.", [f"bulk:{'t' * 100}_{i}" for i in range(1000)]),
+        capability("smaller", "Shorter.", ["git:commit"]),
+    ]
+    await rig.bus.config_set("maxmemory-policy", "noeviction")
+    await rig.bus.ping()  # the bus's connection is open: it costs no memory later
+    used = (await rig.bus.info("memory"))["used_memory"]
+    # Room for the first event (1 kB), not for the second (110 kB): Redis counts the command
+    # it receives, and refuses it.
+    await rig.bus.config_set("maxmemory", used + 32_768)
+    error = await rpc_error(
+        rig.stub.RegisterCapabilities(
+            search_pb2.RegisterCapabilitiesRequest(tenant_id=tenant, capabilities=caps),
+            timeout=60,
+        )
+    )
+    await rig.bus.config_set("maxmemory", 0)
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    details = error.details() or ""
+    assert "the bus failed after 1 of 3 events were published" in details
+    assert "'small' are registered; the other 2 are not" in details
+    assert [e["capability"]["id"] for e in await rig.published(CapabilityLearned)] == ["small"]

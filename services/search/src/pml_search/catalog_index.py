@@ -16,6 +16,13 @@ embeds and writes only entries whose hash differs from the stored one, so the `T
 event that follows a `RegisterTools` RPC (which indexed synchronously) changes nothing, and a
 redelivered event neither re-embeds nor rewrites.
 
+All or nothing, in bounded chunks (`writing`): a write embeds and stores `chunk` entries at a
+time (the embedder and the store work in threads, so the event loop serves other requests in
+between), and reads first the stored versions of the points it is about to replace. If a chunk
+fails, the caller's body (a registration's publish) fails, or the request is cancelled, the
+points it added are deleted and those it replaced written back: the store is as it was. Searches
+see the entries once the whole write, body included, is done.
+
 Read cache: the vector store is the system of record; for ranking, each tenant's vectors are
 also kept as an (n, dim) float32 matrix per kind, loaded from the store on the tenant's first
 request and updated on every upsert/delete made through this class, so a query is a single
@@ -39,8 +46,10 @@ import json
 import re
 import uuid
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import structlog
@@ -130,10 +139,46 @@ def entry_of(payload: dict[str, object]) -> CatalogEntry:
     )
 
 
+def content_hashes(embedder_name: str, entries: Sequence[CatalogEntry]) -> list[str]:
+    return [content_hash(embedder_name, e) for e in entries]
+
+
+_T = TypeVar("_T")
+
+
+def chunks(items: Sequence[_T], size: int) -> list[Sequence[_T]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
 @dataclass(frozen=True)
 class IndexResult:
     indexed: int  # embedded and written
     unchanged: int  # already stored with the same content hash
+
+
+@dataclass
+class _Undo:
+    """What a write changed in one collection, to put the store back as it was."""
+
+    collection: str
+    added: list[str] = field(default_factory=list)  # point ids that were not stored
+    replaced: list[VectorPoint] = field(default_factory=list)  # stored versions overwritten
+
+    async def note(self, store: VectorStore, points: Sequence[VectorPoint]) -> None:
+        """Record what writing `points` will change (call before writing them)."""
+        ids = [p.id for p in points]
+        previous = await store.get(self.collection, ids)
+        stored = {p.id for p in previous}
+        self.replaced.extend(previous)
+        self.added.extend(i for i in ids if i not in stored)
+
+    async def apply(self, store: VectorStore) -> None:
+        await store.delete_ids(self.collection, self.added)
+        await store.upsert(self.collection, self.replaced)
+
+
+def _go_on() -> None:
+    """The default `proceed` of a write: never gives up."""
 
 
 class TenantMatrix:
@@ -250,6 +295,8 @@ def _weight(matrix: TenantMatrix) -> int:
 
 #: Default of `max_entries`: the setting's.
 MAX_ENTRIES: int = Settings.model_fields["search_cache_max_entries"].default
+#: Default of a write's `chunk`: the setting's.
+WRITE_CHUNK: int = Settings.model_fields["catalog_write_chunk"].default
 
 
 class CatalogIndex:
@@ -281,30 +328,53 @@ class CatalogIndex:
 
     # --- writes -------------------------------------------------------------------------------
 
-    async def index(self, tenant: str, kind: str, entries: Sequence[CatalogEntry]) -> IndexResult:
-        """Embed and store the entries whose content changed; all-or-nothing per call."""
+    async def index(
+        self,
+        tenant: str,
+        kind: str,
+        entries: Sequence[CatalogEntry],
+        chunk: int = WRITE_CHUNK,
+    ) -> IndexResult:
+        """Embed and store the entries whose content changed; all or nothing (`writing`)."""
+        async with self.writing(tenant, kind, entries, chunk=chunk) as result:
+            return result
+
+    @asynccontextmanager
+    async def writing(
+        self,
+        tenant: str,
+        kind: str,
+        entries: Sequence[CatalogEntry],
+        *,
+        chunk: int = WRITE_CHUNK,
+        proceed: Callable[[], None] = _go_on,
+    ) -> AsyncIterator[IndexResult]:
+        """Store the entries whose content changed, run the body, then serve them.
+
+        Entries are embedded and stored `chunk` at a time, `proceed()` called before each chunk
+        (it raises to give up, e.g. past the caller's deadline). The body runs once all are
+        stored. If storing fails, the body raises or the task is cancelled, the store is put
+        back as it was and the exception goes on. The tenant's writes wait for one another
+        until the entries are served (in the cache, and covered by its lexical index).
+        """
         entries = list({e.id: e for e in entries}.values())
         async with self._lock(tenant):
             matrix = await self._matrix(tenant, kind)
-            name = self._embedder.name
-            hashes = [content_hash(name, e) for e in entries]
-            todo = [
-                (e, h) for e, h in zip(entries, hashes, strict=True) if matrix.hash_of(e.id) != h
-            ]
-            if todo:
-                vecs = await self._embedder.embed_passages([e.text() for e, _ in todo])
-                points = [
-                    VectorPoint(
-                        id=point_id(tenant, kind, e.id),
-                        vector=vec,
-                        payload={**asdict(e), "content_hash": h},
-                    )
-                    for (e, h), vec in zip(todo, vecs, strict=True)
-                ]
-                await self._store.upsert(self.collections[kind], points)
-                matrix.upsert([e for e, _ in todo], [h for _, h in todo], vecs)
-                await matrix.lexical_index()
-                self._cache.shrink()  # the matrix grew: other tenants may have to give way
+            todo = await self._changed(matrix, entries, chunk)
+            undo = _Undo(self.collections[kind])
+            try:
+                vectors = await self._store_chunks(tenant, kind, todo, undo, chunk, proceed)
+                yield IndexResult(indexed=len(todo), unchanged=len(entries) - len(todo))
+            except BaseException:
+                await self._put_back(tenant, kind, undo)
+                raise
+            try:
+                await self._serve(matrix, todo, vectors)
+            except BaseException:
+                # Stored whole, served in part: the next request reads the store again.
+                self._cache.pop((tenant, kind))
+                raise
+            self._cache.shrink()  # the matrix grew: other tenants may have to give way
             log.info(
                 "catalog indexed",
                 tenant=tenant,
@@ -312,7 +382,76 @@ class CatalogIndex:
                 indexed=len(todo),
                 unchanged=len(entries) - len(todo),
             )
-            return IndexResult(indexed=len(todo), unchanged=len(entries) - len(todo))
+
+    async def _changed(
+        self, matrix: TenantMatrix, entries: Sequence[CatalogEntry], chunk: int
+    ) -> list[tuple[CatalogEntry, str]]:
+        """The entries whose content differs from the cached one, with their new hash."""
+        name = self._embedder.name
+        todo: list[tuple[CatalogEntry, str]] = []
+        for part in chunks(entries, chunk):
+            hashes = await asyncio.to_thread(content_hashes, name, part)
+            todo.extend(
+                (e, h) for e, h in zip(part, hashes, strict=True) if matrix.hash_of(e.id) != h
+            )
+        return todo
+
+    async def _store_chunks(
+        self,
+        tenant: str,
+        kind: str,
+        todo: Sequence[tuple[CatalogEntry, str]],
+        undo: _Undo,
+        chunk: int,
+        proceed: Callable[[], None],
+    ) -> list[np.ndarray]:
+        """Embed and store `todo` a chunk at a time; the vectors of each chunk, in order."""
+        vectors = []
+        for part in chunks(todo, chunk):
+            proceed()
+            vecs = await self._embedder.embed_passages([e.text() for e, _ in part])
+            points = [
+                VectorPoint(
+                    id=point_id(tenant, kind, e.id),
+                    vector=vec,
+                    payload={**asdict(e), "content_hash": h},
+                )
+                for (e, h), vec in zip(part, vecs, strict=True)
+            ]
+            await undo.note(self._store, points)
+            await self._store.upsert(self.collections[kind], points)
+            vectors.append(vecs)
+        return vectors
+
+    async def _put_back(self, tenant: str, kind: str, undo: _Undo) -> None:
+        """Undo a write that did not complete, even if the task is being cancelled."""
+        try:
+            await asyncio.shield(undo.apply(self._store))
+        except Exception:
+            # The write's own failure is what the caller hears about; this one is logged.
+            log.exception(
+                "catalog write could not be undone",
+                tenant=tenant,
+                kind=kind,
+                added=len(undo.added),
+                replaced=len(undo.replaced),
+            )
+
+    async def _serve(
+        self,
+        matrix: TenantMatrix,
+        todo: Sequence[tuple[CatalogEntry, str]],
+        vectors: Sequence[np.ndarray],
+    ) -> None:
+        """Put stored entries in the cached matrix, a chunk per turn of the loop."""
+        done = 0
+        for vecs in vectors:
+            part = todo[done : done + len(vecs)]
+            matrix.upsert([e for e, _ in part], [h for _, h in part], vecs)
+            done += len(vecs)
+            await asyncio.sleep(0)
+        if todo:
+            await matrix.lexical_index()
 
     async def delete_tenant(self, tenant: str) -> int:
         """Remove every point of the tenant from both collections; returns how many."""

@@ -13,24 +13,43 @@
   adaptive from the tenant's LINK graph (see `ranking.adaptive_alpha`).
 - `GetNode`, `RegisterTools`, `RegisterCapabilities`, `DeleteTenant`: see the proto.
 
+A registration is all or nothing: the batch is validated whole, stored in bounded chunks
+(`CatalogIndex.writing`), and its event published only once everything is stored. A failure on
+the way (the store, the embedder, the bus, the caller's deadline) or the caller going away puts
+the catalog back as it was, and the caller is told why and that nothing was registered. One
+`ToolsRegistered` describes a whole batch, up to 50,000 tools: one stream entry is published
+atomically, where chunked events could be left half published by a bus failing between them.
+Once publishing has started it is finished even if the caller goes away: what is published is
+applied by the consumers, so it must stay stored. Capabilities have an event each; should the
+bus fail after some of them are out, the answer names those (registered) and the rest (not).
+
 Every response of the searches carries per-stage wall times (`timings`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
 import numpy as np
+import structlog
 
 from pml.v1 import common_pb2, search_pb2, search_pb2_grpc
 from pml_common.bus import EventBus
-from pml_common.events import CapabilityLearned, TenantDeleted, ToolsRegistered
+from pml_common.events import (
+    CapabilityLearned,
+    CapabilitySpec,
+    Event,
+    TenantDeleted,
+    ToolSpec,
+    ToolsRegistered,
+)
 from pml_common.first_stage import HYBRID, retriever_problem, sub_goals
-from pml_common.grpc_server import check_deadline, invalid_argument, not_found
+from pml_common.grpc_server import RequestError, check_deadline, invalid_argument, not_found
 from pml_common.settings import Settings
 from pml_search import ranking
 from pml_search.catalog_index import CAPABILITY, TOOL, CatalogEntry, CatalogIndex, Scored
@@ -51,6 +70,14 @@ from pml_search.validation import (
 )
 
 RELATED_PER_RELATION = 5
+#: Ids of what the first events announced, quoted when the bus fails midway through.
+_SHOWN_IDS = 10
+
+log = structlog.get_logger(__name__)
+
+
+class PartlyRegistered(RequestError):
+    """The bus failed after some of a registration's events were published."""
 
 
 class Timings:
@@ -169,10 +196,12 @@ class SearchServicer(search_pb2_grpc.SearchServiceServicer):
         self, request: search_pb2.RegisterToolsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> search_pb2.RegisterResponse:
         tenant = tenant_of(request.tenant_id, self._settings)
-        specs = tool_specs_of(request.tools)
-        await self._catalog.index(tenant, TOOL, [tool_entry(tenant, s) for s in specs])
-        event_id = await self._bus.publish(ToolsRegistered.create(tenant_id=tenant, tools=specs))
-        return search_pb2.RegisterResponse(registered=len(specs), event_ids=[event_id])
+        # Up to 50,000 tools: validating them and building their event is CPU work for a
+        # thread, so that other requests are served meanwhile.
+        specs = await asyncio.to_thread(tool_specs_of, request.tools)
+        entries, named = await asyncio.to_thread(_tools_registered, tenant, specs)
+        event_ids = await self._register("tools", tenant, TOOL, entries, named, context)
+        return search_pb2.RegisterResponse(registered=len(specs), event_ids=event_ids)
 
     async def RegisterCapabilities(
         self,
@@ -180,13 +209,34 @@ class SearchServicer(search_pb2_grpc.SearchServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> search_pb2.RegisterResponse:
         tenant = tenant_of(request.tenant_id, self._settings)
-        specs = capability_specs_of(request.capabilities)
-        await self._catalog.index(tenant, CAPABILITY, [capability_entry(tenant, s) for s in specs])
-        event_ids = [
-            await self._bus.publish(CapabilityLearned.create(tenant_id=tenant, capability=spec))
-            for spec in specs
-        ]
-        return search_pb2.RegisterResponse(registered=len(specs), event_ids=event_ids)
+        specs = await asyncio.to_thread(capability_specs_of, request.capabilities)
+        entries, named = await asyncio.to_thread(_capabilities_learned, tenant, specs)
+        ids = await self._register("capabilities", tenant, CAPABILITY, entries, named, context)
+        return search_pb2.RegisterResponse(registered=len(specs), event_ids=ids)
+
+    async def _register(
+        self,
+        what: str,
+        tenant: str,
+        kind: str,
+        entries: Sequence[CatalogEntry],
+        events: Sequence[tuple[str, Event]],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> list[str]:
+        """Store the entries, then publish the events that announce them (each named by what
+        it announces): all or nothing."""
+        async with (
+            _nothing_registered(what),
+            self._catalog.writing(
+                tenant,
+                kind,
+                entries,
+                chunk=self._settings.catalog_write_chunk,
+                proceed=lambda: check_deadline(context),
+            ),
+        ):
+            check_deadline(context)  # a caller that gave up is not announced anything
+            return await _publish_all(self._bus, events)
 
     async def DeleteTenant(
         self, request: search_pb2.DeleteTenantRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -211,6 +261,79 @@ class SearchServicer(search_pb2_grpc.SearchServiceServicer):
             vectors = await self._catalog.embedder.embed_queries(texts)
         check_deadline(context)
         return np.asarray(vectors, dtype=np.float32)
+
+
+def _tools_registered(
+    tenant: str, specs: Sequence[ToolSpec]
+) -> tuple[list[CatalogEntry], list[tuple[str, Event]]]:
+    """The entries of a RegisterTools batch, and its one event (named by what it announces)."""
+    entries = [tool_entry(tenant, s) for s in specs]
+    event = ToolsRegistered.create(tenant_id=tenant, tools=specs)
+    return entries, [(f"{len(specs)} tools", event)]
+
+
+def _capabilities_learned(
+    tenant: str, specs: Sequence[CapabilitySpec]
+) -> tuple[list[CatalogEntry], list[tuple[str, Event]]]:
+    """The entries of a RegisterCapabilities batch, and an event for each, named by its id."""
+    entries = [capability_entry(tenant, s) for s in specs]
+    named: list[tuple[str, Event]] = [
+        (s.id, CapabilityLearned.create(tenant_id=tenant, capability=s)) for s in specs
+    ]
+    return entries, named
+
+
+@asynccontextmanager
+async def _nothing_registered(what: str) -> AsyncIterator[None]:
+    """A failure of a registration past its validation, as the caller should hear it: the
+    catalog was put back, so it says why and that nothing was registered."""
+    try:
+        yield
+    except PartlyRegistered:
+        raise
+    except RequestError as exc:  # the caller's deadline
+        raise RequestError(exc.code, f"{exc.message}; nothing was registered") from exc
+    except Exception as exc:
+        log.warning("search.registration_failed", what=what, error=f"{type(exc).__name__}: {exc}")
+        raise RequestError(
+            grpc.StatusCode.UNAVAILABLE,
+            f"the {what} could not be stored and announced ({type(exc).__name__}: {exc}); "
+            "nothing was registered, retry later",
+        ) from exc
+
+
+async def _publish_all(bus: EventBus, events: Sequence[tuple[str, Event]]) -> list[str]:
+    """Publish the events in order, to the end even if the caller goes away meanwhile (an
+    event out is applied by its consumers: what it announces must stay stored). Each comes
+    with the name of what it announces, for the answer when the bus fails after the first."""
+    publishing = asyncio.create_task(_publish_each(bus, events))
+    try:
+        return await asyncio.shield(publishing)
+    except asyncio.CancelledError:
+        return await publishing
+
+
+async def _publish_each(bus: EventBus, events: Sequence[tuple[str, Event]]) -> list[str]:
+    entry_ids: list[str] = []
+    for _, event in events:
+        try:
+            entry_ids.append(await bus.publish(event))
+        except Exception as exc:
+            if not entry_ids:
+                raise
+            raise _partly([name for name, _ in events], len(entry_ids), exc) from exc
+    return entry_ids
+
+
+def _partly(names: Sequence[str], published: int, exc: Exception) -> PartlyRegistered:
+    out = ", ".join(repr(n) for n in names[:published][:_SHOWN_IDS])
+    more = " ..." if published > _SHOWN_IDS else ""
+    return PartlyRegistered(
+        grpc.StatusCode.UNAVAILABLE,
+        f"the bus failed after {published} of {len(names)} events were published "
+        f"({type(exc).__name__}: {exc}): {out}{more} are registered; the other "
+        f"{len(names) - published} are not, register them again",
+    )
 
 
 def rank_unified(

@@ -4,16 +4,21 @@ Search is the only service that talks to the vector store (so the embedded, sing
 store works). Every point's payload carries `tenant_id` and every read of the search service
 filters by it. Vectors are compared by cosine similarity; backends may store them normalised,
 so `get`/`scan` return unit vectors, not necessarily the exact arrays written.
+
+The embedded store (qdrant-client's local mode) does all its work synchronously, SQLite commits
+included: every call to it runs on one thread of its own, so a large write never blocks the
+event loop (other requests keep flowing) and the store is still used by one thread at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from qdrant_client import AsyncQdrantClient, models
@@ -26,6 +31,7 @@ from pml_common.stores import qdrant_client
 Filter = Mapping[str, str | Sequence[str]]
 
 TENANT_FIELD = "tenant_id"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,10 @@ class VectorStore(ABC):
     @abstractmethod
     async def delete(self, collection: str, where: Filter) -> int:
         """Delete the points matching `where` (never empty); returns how many there were."""
+
+    @abstractmethod
+    async def delete_ids(self, collection: str, ids: Sequence[str]) -> None:
+        """Delete the points with these ids; unknown ids are ignored."""
 
     @abstractmethod
     async def count(self, collection: str, where: Filter | None = None) -> int: ...
@@ -129,6 +139,30 @@ def _vector_of(record: models.Record) -> np.ndarray:
     return np.asarray(record.vector, dtype=np.float32)
 
 
+class _StoreThread:
+    """A thread running an event loop of its own, on which the embedded store's calls run.
+
+    qdrant-client's local mode has `async` methods that never await: called on the service's
+    loop, each would block it for its whole duration. Calls are queued here in order, one at a
+    time, which is also how the local mode must be used (it has no locking of its own).
+    """
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="pml-vector-store", daemon=True
+        )
+        self._thread.start()
+
+    async def run(self, call: Coroutine[Any, Any, T]) -> T:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, self._loop))
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
 class QdrantVectorStore(VectorStore):
     """Qdrant through qdrant-client's async API: a server, or the embedded local mode."""
 
@@ -137,10 +171,16 @@ class QdrantVectorStore(VectorStore):
         options = client.init_options
         # Payload indexes only exist on a server; local mode would just warn on each call.
         self._local = options.get("path") is not None or options.get("location") == ":memory:"
-        # Local mode runs synchronously inside the event loop and commits SQLite once per point
-        # (~1-2 ms each): small batches with a yield in between keep other requests flowing
-        # while a large catalog is written.
+        self._thread = _StoreThread() if self._local else None
+        # Local mode commits SQLite once per point (~1-2 ms each): small batches let the other
+        # calls queued on the store's thread (a search's first load) pass between them.
         self._upsert_batch = upsert_batch or (64 if self._local else 512)
+
+    async def _run(self, call: Coroutine[Any, Any, T]) -> T:
+        """Await a client call: on the store's own thread in local mode (see `_StoreThread`)."""
+        if self._thread is None:
+            return await call
+        return await self._thread.run(call)
 
     @property
     def embedded(self) -> bool:
@@ -153,11 +193,15 @@ class QdrantVectorStore(VectorStore):
     async def ensure_collection(
         self, name: str, dim: int, indexed_fields: Sequence[str] = ()
     ) -> None:
-        if not await self._client.collection_exists(name):
+        if not await self._run(self._client.collection_exists(name)):
             try:
-                await self._client.create_collection(
-                    name,
-                    vectors_config=models.VectorParams(size=dim, distance=models.Distance.COSINE),
+                await self._run(
+                    self._client.create_collection(
+                        name,
+                        vectors_config=models.VectorParams(
+                            size=dim, distance=models.Distance.COSINE
+                        ),
+                    )
                 )
             except UnexpectedResponse as exc:
                 if exc.status_code != 409:  # 409: another replica created it meanwhile
@@ -171,7 +215,7 @@ class QdrantVectorStore(VectorStore):
                 )
 
     async def _check_dim(self, name: str, dim: int) -> None:
-        info = await self._client.get_collection(name)
+        info = await self._run(self._client.get_collection(name))
         vectors = info.config.params.vectors
         size = vectors.size if isinstance(vectors, models.VectorParams) else None
         if size != dim:
@@ -181,10 +225,15 @@ class QdrantVectorStore(VectorStore):
             )
 
     async def upsert(self, collection: str, points: Sequence[VectorPoint]) -> None:
-        structs = [self._to_struct(p) for p in points]
-        for i in range(0, len(structs), self._upsert_batch):
-            await self._client.upsert(collection, structs[i : i + self._upsert_batch], wait=True)
-            await asyncio.sleep(0)
+        for i in range(0, len(points), self._upsert_batch):
+            batch = points[i : i + self._upsert_batch]
+            # Vectors become lists of Python floats: a batch at a time, off the loop.
+            structs = await asyncio.to_thread(self._to_structs, batch)
+            await self._run(self._client.upsert(collection, structs, wait=True))
+
+    @classmethod
+    def _to_structs(cls, points: Sequence[VectorPoint]) -> list[models.PointStruct]:
+        return [cls._to_struct(p) for p in points]
 
     @staticmethod
     def _to_struct(point: VectorPoint) -> models.PointStruct:
@@ -203,12 +252,14 @@ class QdrantVectorStore(VectorStore):
     ) -> list[VectorHit]:
         if limit <= 0 or _matches_nothing(where):
             return []
-        response = await self._client.query_points(
-            collection,
-            query=np.asarray(vector, dtype=np.float32).ravel().tolist(),
-            limit=limit,
-            query_filter=qdrant_filter(where),
-            with_payload=True,
+        response = await self._run(
+            self._client.query_points(
+                collection,
+                query=np.asarray(vector, dtype=np.float32).ravel().tolist(),
+                limit=limit,
+                query_filter=qdrant_filter(where),
+                with_payload=True,
+            )
         )
         hits = []
         for scored in response.points:
@@ -219,8 +270,10 @@ class QdrantVectorStore(VectorStore):
     async def get(self, collection: str, ids: Sequence[str]) -> list[VectorPoint]:
         if not ids:
             return []
-        records = await self._client.retrieve(
-            collection, [point_uuid(i) for i in ids], with_payload=True, with_vectors=True
+        records = await self._run(
+            self._client.retrieve(
+                collection, [point_uuid(i) for i in ids], with_payload=True, with_vectors=True
+            )
         )
         found = {p.id: p for p in map(self._to_point, records)}
         return [found[i] for i in dict.fromkeys(ids) if i in found]
@@ -231,13 +284,15 @@ class QdrantVectorStore(VectorStore):
         points: list[VectorPoint] = []
         offset: Any = None  # opaque next-page token from `scroll`, passed back unchanged
         while True:
-            records, offset = await self._client.scroll(
-                collection,
-                scroll_filter=qdrant_filter(where),
-                limit=1024,
-                offset=offset,
-                with_payload=True,
-                with_vectors=True,
+            records, offset = await self._run(
+                self._client.scroll(
+                    collection,
+                    scroll_filter=qdrant_filter(where),
+                    limit=1024,
+                    offset=offset,
+                    with_payload=True,
+                    with_vectors=True,
+                )
             )
             points.extend(map(self._to_point, records))
             if offset is None:
@@ -257,18 +312,31 @@ class QdrantVectorStore(VectorStore):
         # callers that write the same points concurrently serialise (catalog_index locks).
         n = await self.count(collection, where)
         if n:
-            await self._client.delete(
-                collection,
-                points_selector=models.FilterSelector(filter=qdrant_filter(where)),
-                wait=True,
+            await self._run(
+                self._client.delete(
+                    collection,
+                    points_selector=models.FilterSelector(filter=qdrant_filter(where)),
+                    wait=True,
+                )
             )
         return n
+
+    async def delete_ids(self, collection: str, ids: Sequence[str]) -> None:
+        for i in range(0, len(ids), self._upsert_batch):
+            selector = models.PointIdsList(
+                points=[point_uuid(p) for p in ids[i : i + self._upsert_batch]]
+            )
+            await self._run(self._client.delete(collection, points_selector=selector, wait=True))
 
     async def count(self, collection: str, where: Filter | None = None) -> int:
         if _matches_nothing(where):
             return 0
-        result = await self._client.count(collection, count_filter=qdrant_filter(where), exact=True)
+        result = await self._run(
+            self._client.count(collection, count_filter=qdrant_filter(where), exact=True)
+        )
         return int(result.count)
 
     async def close(self) -> None:
-        await self._client.close()
+        await self._run(self._client.close())
+        if self._thread is not None:
+            self._thread.stop()
