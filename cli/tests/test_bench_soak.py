@@ -24,6 +24,16 @@ KEYS = {
     "double_effects",
     "passed",
 }
+EVENT_KEYS = {
+    "executions_published",
+    "duplicate_entries",
+    "executions_applied",
+    "registrations_ok",
+    "documents_accepted",
+    "documents_done",
+    "redelivered_already_applied",
+    "dead_letters",
+}
 FAULTS = ["consumer_sigkilled", "redis_restarted", "neo4j_stopped"]
 #: Phases every run opens, in this order (the load's own bars are left out: how many show
 #: depends on how long the faults take).
@@ -58,6 +68,7 @@ def test_a_short_soak_through_three_faults_loses_nothing_and_counts_nothing_twic
     assert report["double_effects"] == 0
     assert report["passed"] is True
     events = report["events"]
+    assert events.keys() == EVENT_KEYS
     assert events["executions_applied"] == events["executions_published"] > 0
     assert events["duplicate_entries"] > 0  # the producer published some events twice
     assert events["registrations_ok"] > 0

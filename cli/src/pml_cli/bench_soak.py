@@ -710,6 +710,7 @@ def _checks(system: System, ledger: Ledger) -> dict[str, Any]:
             "registrations_ok": len(registered),
             "documents_accepted": len(ledger.documents),
             "documents_done": documents,
+            "redelivered_already_applied": _already_applied(system),
             "dead_letters": _dead_letters(system),
         },
         "lost": {**lost, "total": sum(lost.values())},
@@ -722,6 +723,18 @@ def _documents_done(system: System, ids: Sequence[str]) -> int:
         return 0
     found = ingest_client.statuses(system.settings, TENANT, ids)
     return sum(1 for s in found if ingest_client.state_of(s) == "done")
+
+
+def _already_applied(system: System) -> int:
+    """Executions handed to a trainer again after one had applied them (the killed consumer's
+    batch), turned away by their `AppliedEvent` record: the guard against double effects at
+    work, as the trainers log it."""
+    log = system.stack.state_dir / "logs" / "trainer.log"
+    return sum(
+        1
+        for line in log.read_text(errors="replace").splitlines()
+        if "trainer.event_already_applied" in line and '"ExecutionCompleted"' in line
+    )
 
 
 def _dead_letters(system: System) -> dict[str, int]:
