@@ -19,9 +19,10 @@ the way (the store, the embedder, the bus, the caller's deadline) or the caller 
 the catalog back as it was, and the caller is told why and that nothing was registered. One
 `ToolsRegistered` describes a whole batch, up to 50,000 tools: one stream entry is published
 atomically, where chunked events could be left half published by a bus failing between them.
-Once publishing has started it is finished even if the caller goes away: what is published is
-applied by the consumers, so it must stay stored. Capabilities have an event each; should the
-bus fail after some of them are out, the answer names those (registered) and the rest (not).
+Once publishing has started it is finished even if the caller goes away (`publish_all`): what
+is published is applied by the consumers, so it must stay stored. Capabilities have an event
+each; should the bus fail after some of them are out, the answer names those (registered, their
+consumers store them again) and says the others are not.
 
 Every response of the searches carries per-stage wall times (`timings`).
 """
@@ -50,6 +51,7 @@ from pml_common.events import (
 )
 from pml_common.first_stage import HYBRID, retriever_problem, sub_goals
 from pml_common.grpc_server import RequestError, check_deadline, invalid_argument, not_found
+from pml_common.publishing import PublishInterrupted, publish_all
 from pml_common.settings import Settings
 from pml_search import ranking
 from pml_search.catalog_index import CAPABILITY, TOOL, CatalogEntry, CatalogIndex, Scored
@@ -236,7 +238,10 @@ class SearchServicer(search_pb2_grpc.SearchServiceServicer):
             ),
         ):
             check_deadline(context)  # a caller that gave up is not announced anything
-            return await _publish_all(self._bus, events)
+            try:
+                return await publish_all(self._bus, [event for _, event in events])
+            except PublishInterrupted as exc:
+                raise _partly([name for name, _ in events], exc) from exc
 
     async def DeleteTenant(
         self, request: search_pb2.DeleteTenantRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -302,37 +307,14 @@ async def _nothing_registered(what: str) -> AsyncIterator[None]:
         ) from exc
 
 
-async def _publish_all(bus: EventBus, events: Sequence[tuple[str, Event]]) -> list[str]:
-    """Publish the events in order, to the end even if the caller goes away meanwhile (an
-    event out is applied by its consumers: what it announces must stay stored). Each comes
-    with the name of what it announces, for the answer when the bus fails after the first."""
-    publishing = asyncio.create_task(_publish_each(bus, events))
-    try:
-        return await asyncio.shield(publishing)
-    except asyncio.CancelledError:
-        return await publishing
-
-
-async def _publish_each(bus: EventBus, events: Sequence[tuple[str, Event]]) -> list[str]:
-    entry_ids: list[str] = []
-    for _, event in events:
-        try:
-            entry_ids.append(await bus.publish(event))
-        except Exception as exc:
-            if not entry_ids:
-                raise
-            raise _partly([name for name, _ in events], len(entry_ids), exc) from exc
-    return entry_ids
-
-
-def _partly(names: Sequence[str], published: int, exc: Exception) -> PartlyRegistered:
+def _partly(names: Sequence[str], exc: PublishInterrupted) -> PartlyRegistered:
+    published = len(exc.published)
     out = ", ".join(repr(n) for n in names[:published][:_SHOWN_IDS])
     more = " ..." if published > _SHOWN_IDS else ""
     return PartlyRegistered(
         grpc.StatusCode.UNAVAILABLE,
-        f"the bus failed after {published} of {len(names)} events were published "
-        f"({type(exc).__name__}: {exc}): {out}{more} are registered; the other "
-        f"{len(names) - published} are not, register them again",
+        f"{exc}: {out}{more} are registered; the other {len(names) - published} are not, "
+        "register them again",
     )
 
 
