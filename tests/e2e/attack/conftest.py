@@ -1,4 +1,4 @@
-"""The attacked system (the e2e stack, with the scorer and the planner too), the victim tenant
+"""The attacked system (the e2e stack, with the scorer, the planner and ingest too), the victim tenant
 registered before any attack, and the count of generated cases printed at the end of the run."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 from pml_cli.local_stack import STORES, LocalStack
 
 from . import wire
+from .hostile import VICTIM_MARK
 from .report import Tally
 from .streams import BusWatch, watch
 from .system import Services, VictimState, register_victim, victim_state
@@ -39,7 +40,8 @@ def pytest_terminal_summary(
 
 @pytest.fixture(scope="module")
 def attacked(stack: LocalStack) -> LocalStack:
-    stack.start_services(["scorer", "planner"])  # each waited for until SERVING
+    # each waited for until SERVING (ingest with its pass workers)
+    stack.start_services(["scorer", "planner", "ingest"])
     return stack
 
 
@@ -76,4 +78,15 @@ def bus_watch(attacked: LocalStack) -> Iterator[BusWatch]:
 def victim(services: Services, bus_watch: BusWatch) -> VictimState:
     """The victim's data as the read RPCs showed it before any attack."""
     register_victim(services, bus_watch)
-    return victim_state(services)
+    state = victim_state(services)
+    # the reads that quote texts show the victim's: comparing them later proves something
+    shown = [name for name, reply in state.replies.items() if VICTIM_MARK.encode() in reply]
+    assert {"Search", "SearchTools", "Ask"} <= set(shown), shown
+    return state
+
+
+@pytest.fixture(scope="module")
+def streams(bus_watch: BusWatch, victim: VictimState) -> list[str]:
+    """The event streams some running group reads, once every service is up: fixed for the
+    module, since hypothesis needs the same choices from one example to the next."""
+    return bus_watch.attacked_streams()

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from google.protobuf.message import Message
 from hypothesis import strategies as st
 
-from pml.v1 import common_pb2, knowledge_pb2, planner_pb2, scorer_pb2, search_pb2
+from pml.v1 import common_pb2, ingest_pb2, knowledge_pb2, planner_pb2, scorer_pb2, search_pb2
 from pml_common import input_rules
 
 #: The tenant every attack must leave alone, registered before the attacks start.
@@ -25,6 +25,7 @@ VICTIM = "attack-victim"
 VICTIM_MARK = "vault-7f3a-secret"
 VICTIM_TOOLS = ("vault:open", "vault:read_secret", "fs:read_file")
 VICTIM_CAPABILITY = "vault-open-and-read"
+VICTIM_DOCUMENT = "vault-manual"
 
 #: Sizes at and past the limits of `pml_common.input_rules` and the services, and one past the
 #: gRPC message limit (8 MiB), which only the transport refuses (RESOURCE_EXHAUSTED).
@@ -141,6 +142,7 @@ def ids_with(big: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
                 "a:" + "b" * (input_rules.MAX_ID_CHARS - 1),
                 *VICTIM_TOOLS,
                 VICTIM_CAPABILITY,
+                VICTIM_DOCUMENT,
                 VICTIM_TOOLS[0] + "\x00",
                 " " + VICTIM_CAPABILITY,
                 VICTIM_CAPABILITY + "\u3000",
@@ -332,7 +334,29 @@ search_reads: st.SearchStrategy[Request] = st.one_of(
     _request(_SEARCH + "GetNode", search_pb2.GetNodeRequest, tenant_id=TENANT, id=ID),
 )
 
-search_writes: st.SearchStrategy[Request] = st.one_of(
+_documents: Field = (
+    # Two documents, each always the same: submitted again once ingested, it is skipped
+    # (which keeps the ingestion workers' load, and the suite's time, bounded).
+    st.sampled_from(
+        (
+            [ingest_pb2.Document(id="vault-notes", text="# Vault\n\nThe vault opens with a key.")],
+            [ingest_pb2.Document(id="plain", text="plain words", format="text")],
+        )
+    ),
+    st.lists(
+        st.builds(
+            ingest_pb2.Document,
+            id=st.one_of(sane, ids),
+            title=texts,
+            text=texts,
+            format=st.one_of(st.sampled_from(("", "markdown", "text", "MARKDOWN", "pdf")), texts),
+        ),
+        max_size=3,
+    ),
+)
+_INGEST = "/pml.v1.IngestService/"
+
+writes: st.SearchStrategy[Request] = st.one_of(
     _request(
         _SEARCH + "RegisterTools", search_pb2.RegisterToolsRequest, tenant_id=TENANT, tools=TOOLS
     ),
@@ -346,6 +370,13 @@ search_writes: st.SearchStrategy[Request] = st.one_of(
         _SEARCH + "DeleteTenant",
         search_pb2.DeleteTenantRequest,
         tenant_id=(st.sampled_from(ATTACKERS[:2]), tenants),
+    ),
+    _request(_INGEST + "Submit", ingest_pb2.SubmitRequest, tenant_id=TENANT, documents=_documents),
+    _request(
+        _INGEST + "DeleteDocument",
+        ingest_pb2.DeleteDocumentRequest,
+        tenant_id=TENANT,
+        document_id=(sane, st.one_of(ids, texts)),
     ),
 )
 
@@ -412,6 +443,12 @@ other_services: st.SearchStrategy[Request] = st.one_of(
         intent=TEXT,
         context_tools=CONTEXT,
         method=METHOD,
+    ),
+    _request(
+        _INGEST + "GetStatus",
+        ingest_pb2.GetStatusRequest,
+        tenant_id=TENANT,
+        document_ids=(st.lists(sane, max_size=2), st.lists(st.one_of(ids, texts), max_size=4)),
     ),
     _request(
         _PLANNER + "SuggestDag",

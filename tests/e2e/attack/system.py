@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.message import Message
 
-from pml.v1 import common_pb2, scorer_pb2, search_pb2
+from pml.v1 import common_pb2, ingest_pb2, knowledge_pb2, scorer_pb2, search_pb2
 from pml_common.bus import EVENT_FIELD
 from pml_common.events import ExecutionCompleted, ExecutionStep
 from pml_common.healthcheck import check
@@ -18,12 +18,14 @@ from pml_common.settings import Settings
 from pml_common.testing import until
 
 from . import wire
-from .hostile import VICTIM, VICTIM_CAPABILITY, VICTIM_MARK, VICTIM_TOOLS
+from .hostile import VICTIM, VICTIM_CAPABILITY, VICTIM_DOCUMENT, VICTIM_MARK, VICTIM_TOOLS
 from .report import Terse
 from .streams import BusWatch
 
 _SEARCH = "/pml.v1.SearchService/"
 _SCORER = "/pml.v1.ScorerService/"
+_INGEST = "/pml.v1.IngestService/"
+_ASK = "/pml.v1.KnowledgeService/Ask"
 _VICTIM_QUERY = "open the vault and read the secret"
 
 
@@ -54,7 +56,8 @@ class Services(Terse):
 
 
 def register_victim(services: Services, watch: BusWatch) -> None:
-    """Three tools, a capability over two of them and one execution of it, all processed."""
+    """Three tools, a capability over two of them, one execution of it and a document, all
+    processed."""
     tools = [
         common_pb2.Tool(
             id=tool_id,
@@ -71,14 +74,24 @@ def register_victim(services: Services, watch: BusWatch) -> None:
         description=f"opens the vault, then reads the secret ({VICTIM_MARK})",
         tools=VICTIM_TOOLS[:2],
     )
+    document = ingest_pb2.Document(
+        id=VICTIM_DOCUMENT,
+        title="Vault manual",
+        text="# Vault\n\nThe vault opens with the brass key. The secret is kept in the vault "
+        f"behind the second door ({VICTIM_MARK}).\n\n## Keys\n\nThe brass key opens the vault.",
+    )
     for path, request in (
-        ("RegisterTools", search_pb2.RegisterToolsRequest(tenant_id=VICTIM, tools=tools)),
         (
-            "RegisterCapabilities",
+            _SEARCH + "RegisterTools",
+            search_pb2.RegisterToolsRequest(tenant_id=VICTIM, tools=tools),
+        ),
+        (
+            _SEARCH + "RegisterCapabilities",
             search_pb2.RegisterCapabilitiesRequest(tenant_id=VICTIM, capabilities=[capability]),
         ),
+        (_INGEST + "Submit", ingest_pb2.SubmitRequest(tenant_id=VICTIM, documents=[document])),
     ):
-        answer = services.call(_SEARCH + path, request)
+        answer = services.call(path, request)
         assert answer.code == grpc.StatusCode.OK, answer
     run = ExecutionCompleted.create(
         tenant_id=VICTIM,
@@ -93,7 +106,13 @@ def register_victim(services: Services, watch: BusWatch) -> None:
         answer = services.node(VICTIM, VICTIM_TOOLS[0])
         return search_pb2.SearchResult.FromString(answer.reply).executions == 1
 
+    def ingested() -> bool:
+        answer = services.call(_INGEST + "GetStatus", ingest_pb2.GetStatusRequest(tenant_id=VICTIM))
+        statuses = ingest_pb2.GetStatusResponse.FromString(answer.reply).documents
+        return all(p.state == "done" for s in statuses for p in s.passes)
+
     until(executed, 90, "the victim's execution counted")
+    until(ingested, 120, "the victim's document ingested")
     until(watch.quiet, 90, "every running group caught up")
 
 
@@ -136,6 +155,11 @@ def victim_state(services: Services) -> VictimState:
             scorer_pb2.ScoreRequest(tenant_id=VICTIM, text=_VICTIM_QUERY),
         ),
         "ModelInfo": (_SCORER + "ModelInfo", scorer_pb2.ModelInfoRequest(tenant_id=VICTIM)),
+        "GetStatus": (_INGEST + "GetStatus", ingest_pb2.GetStatusRequest(tenant_id=VICTIM)),
+        "Ask": (
+            _ASK,
+            knowledge_pb2.AskRequest(tenant_id=VICTIM, question="Which key opens the vault?"),
+        ),
     }
     replies = wire.methods()
     state: dict[str, bytes] = {}

@@ -24,7 +24,7 @@ from google.protobuf.message import Message
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from pml.v1 import common_pb2, search_pb2
+from pml.v1 import common_pb2, ingest_pb2, search_pb2
 from pml_common.events import Streams
 from pml_common.testing import until
 
@@ -48,10 +48,18 @@ ATTACK = settings(
     print_blob=False,
 )
 
-#: The streams only search's RPCs publish on (the trainer, scorer and planner publish others as
-#: they consume, at any time): a refused RPC must leave them as they were.
-_PUBLISHED_BY_RPCS = (Streams.TOOLS_REGISTERED, Streams.CAPABILITY_LEARNED, Streams.TENANT_DELETED)
+#: The streams only RPCs publish on (search's and ingest's; the trainer, the scorer and the
+#: ingest workers publish on others as they consume, at any time): a refused RPC must leave
+#: them as they were.
+_PUBLISHED_BY_RPCS = (
+    Streams.TOOLS_REGISTERED,
+    Streams.CAPABILITY_LEARNED,
+    Streams.TENANT_DELETED,
+    Streams.DOCUMENT_SUBMITTED,
+    Streams.DOCUMENT_DELETED,
+)
 _OK = grpc.StatusCode.OK
+_INGEST = "/pml.v1.IngestService/"
 
 
 def _assert_clear(answer: wire.Answer, what: object) -> None:
@@ -73,7 +81,7 @@ def _short(request: Message | bytes) -> str:
     return text if len(text) < 600 else text[:600] + "…"
 
 
-@settings(ATTACK, max_examples=60)
+@settings(ATTACK, max_examples=50)
 @given(attack=hostile.search_reads)
 def test_search_reads_answer_clearly(
     services: Services, victim: VictimState, tally: Tally, attack: hostile.Request
@@ -86,14 +94,14 @@ def test_search_reads_answer_clearly(
     services.assert_answering()
 
 
-@settings(ATTACK, max_examples=60)
+@settings(ATTACK, max_examples=50)
 @given(attack=hostile.other_services)
-def test_knowledge_scorer_and_planner_answer_clearly(
+def test_knowledge_scorer_planner_and_ingest_status_answer_clearly(
     services: Services, victim: VictimState, tally: Tally, attack: hostile.Request
 ) -> None:
     path, request = attack
     answer = services.call(path, request)
-    tally.add("knowledge, scorer and planner", answer.code.name)
+    tally.add("knowledge, scorer, planner, ingest status", answer.code.name)
     _assert_clear(answer, _short(request))
     _assert_no_victim_data(answer)
     services.assert_answering()
@@ -107,9 +115,16 @@ def _named(request: Message) -> list[str]:
     return []
 
 
-def _assert_stored(services: Services, request: Message) -> None:
-    """What an accepted registration named is found under its tenant, as it was sent."""
+def _assert_stored(services: Services, request: Message, answer: wire.Answer) -> None:
+    """What an accepted write named is found under its tenant, as it was sent."""
     tenant = request.tenant_id  # type: ignore[attr-defined]
+    if isinstance(request, ingest_pb2.SubmitRequest):
+        submitted = ingest_pb2.SubmitResponse.FromString(answer.reply).document_ids
+        status = services.call(
+            _INGEST + "GetStatus",
+            ingest_pb2.GetStatusRequest(tenant_id=tenant, document_ids=submitted),
+        )
+        assert status.code == _OK, (list(submitted), status)
     if isinstance(request, search_pb2.RegisterToolsRequest):
         for tool in request.tools:
             found = search_pb2.SearchResult.FromString(services.node(tenant, tool.id).reply)
@@ -128,8 +143,8 @@ def _assert_stored(services: Services, request: Message) -> None:
                 assert found.name == capability.name.strip(), capability.id
 
 
-@settings(ATTACK, max_examples=60)
-@given(attack=hostile.search_writes)
+@settings(ATTACK, max_examples=50)
+@given(attack=hostile.writes)
 @example(
     attack=(
         "/pml.v1.SearchService/RegisterCapabilities",
@@ -151,17 +166,17 @@ def test_writes_answer_clearly_and_refused_ones_store_nothing(
     nodes = {n: services.node(tenant, n) for n in named}
     heads = _heads(bus_watch)
     answer = services.call(path, request)
-    tally.add("search writes", answer.code.name)
+    tally.add("writes (search, ingest)", answer.code.name)
     _assert_clear(answer, _short(request))
     if answer.code == _OK:
-        _assert_stored(services, request)
+        _assert_stored(services, request, answer)
     else:
         assert _heads(bus_watch) == heads, "a refused request published an event"
         assert {n: services.node(tenant, n) for n in named} == nodes, "a refused request wrote"
     services.assert_answering()
 
 
-@settings(ATTACK, max_examples=100)
+@settings(ATTACK, max_examples=80)
 @given(path=st.sampled_from(sorted(wire.methods())), payload=wire.raw_payloads)
 def test_raw_bytes_are_answered_clearly(
     services: Services,
@@ -185,16 +200,15 @@ def test_raw_bytes_are_answered_clearly(
 _SETTLE_S = 90
 
 
-@settings(ATTACK, max_examples=40)
+@settings(ATTACK, max_examples=30)
 @given(data=st.data())
 def test_stream_entries_are_handled_or_dead_lettered(
     services: Services,
-    victim: VictimState,
+    streams: list[str],
     bus_watch: BusWatch,
     tally: Tally,
     data: st.DataObject,
 ) -> None:
-    streams = bus_watch.attacked_streams()
     entry = st.sampled_from(streams).flatmap(lambda s: entries_for(s).map(lambda f: (s, f)))
     batch: list[tuple[str, Fields]] = data.draw(st.lists(entry, min_size=1, max_size=4))
     rejected = [must_reject(stream, fields) for stream, fields in batch]

@@ -10,7 +10,7 @@ from google.protobuf import message_factory
 from google.protobuf.message import Message
 from hypothesis import strategies as st
 
-from pml.v1 import knowledge_pb2, planner_pb2, scorer_pb2, search_pb2
+from pml.v1 import ingest_pb2, knowledge_pb2, planner_pb2, scorer_pb2, search_pb2
 from pml_common.settings import Settings
 
 #: Every answer a hostile request may get: a result, or an error that says what was wrong.
@@ -39,7 +39,7 @@ class Answer:
 def methods() -> dict[str, type[Message]]:
     """Path (`/pml.v1.Service/Method`) -> reply class, for every RPC of the public services."""
     found: dict[str, type[Message]] = {}
-    for module in (search_pb2, knowledge_pb2, scorer_pb2, planner_pb2):
+    for module in (search_pb2, knowledge_pb2, scorer_pb2, planner_pb2, ingest_pb2):
         for service in module.DESCRIPTOR.services_by_name.values():
             for method in service.methods:
                 reply = message_factory.GetMessageClass(method.output_type)
@@ -54,6 +54,7 @@ def addresses(settings: Settings) -> dict[str, str]:
         "pml.v1.KnowledgeService": settings.search_addr,
         "pml.v1.ScorerService": settings.scorer_addr,
         "pml.v1.PlannerService": settings.planner_addr,
+        "pml.v1.IngestService": settings.ingest_addr,
     }
 
 
