@@ -73,7 +73,6 @@ _VICTIM_LOOKALIKES = (
     VICTIM.replace("a", "ａ"),  # fullwidth a
     "\u200b" + VICTIM,
     f"{VICTIM}:x",
-    f"{VICTIM} ",  # resolves to the victim: filtered out below, kept to prove the filter
 )
 
 T = TypeVar("T")
