@@ -5,6 +5,13 @@ registered under a tenant of its own and deleted at the end. Every query is run 
 the measured runs find their embeddings in the shared Redis cache (the "warm cache" of the
 goal). The in-process figure calls the same servicer code without gRPC, on its own copy of the
 index, so `p50_ms / inproc_p50_ms` is the cost of the service boundary.
+
+With `neighbour_tools` (`bench_search_beside_registration`), the question is another: does one
+tenant's large registration slow down the others? The same searches are measured first alone,
+then while a neighbour tenant registers that many new tools in one RegisterTools request (names
+no earlier run used, so every one is embedded), then until every consumer group of its
+`ToolsRegistered` has caught up (at most `CATCH_UP_S`): p50/p99 and errors of each phase side by
+side, with the registration's outcome and time.
 """
 
 from __future__ import annotations
@@ -13,19 +20,22 @@ import asyncio
 import itertools
 import statistics
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc  # type: ignore[import-untyped, unused-ignore]
 from rich.console import Console
 
 from pml.v1 import search_pb2
 from pml_cli import client
 from pml_cli.local_stack import running_system
 from pml_cli.phases import counted_phase, phase, step
-from pml_common.events import ToolSpec
+from pml_common.events import ToolSpec, ToolsRegistered
 from pml_common.settings import Settings
 
 VERBS = [
@@ -100,20 +110,26 @@ PLACES = [
     "in the vault",
 ]
 QUERIES = 200
+#: How long searches beside a registration go on, once it returned, for its event's consumers.
+CATCH_UP_S = 600.0
+#: Deadline of the neighbour's one RegisterTools request.
+REGISTER_TIMEOUT_S = 3600.0
+DURING, AFTER = "during_registration", "until_consumers_caught_up"
+
+SearchCall = Callable[[str], float]
 
 
-def synthetic_catalog(n: int) -> list[ToolSpec]:
-    combos = itertools.islice(itertools.product(PLACES, OBJECTS, VERBS), n)
+def synthetic_catalog(n: int, prefix: str = "") -> list[ToolSpec]:
+    """`n` tools; past 10,000 the descriptions come round again, the numbered names never do."""
+    combos = itertools.islice(itertools.cycle(itertools.product(PLACES, OBJECTS, VERBS)), n)
     tools = []
     for i, (place, obj, verb) in enumerate(combos):
         server = f"srv{i // 50}"
-        name = f"{verb}_{obj.replace(' ', '_')}_{i}"
+        name = f"{prefix}{verb}_{obj.replace(' ', '_')}_{i}"
         description = f"{verb.capitalize()} a {obj} {place}. Returns the result as JSON."
         tools.append(
             ToolSpec(id=f"{server}:{name}", server=server, name=name, description=description)
         )
-    if len(tools) < n:
-        raise ValueError(f"the synthetic catalog has at most {len(tools)} tools")
     return tools
 
 
@@ -141,11 +157,7 @@ def bench_search(
         try:
             _register(live, tenant, catalog, console)
             call = _search_call(stub, tenant)
-            what = f"warm-up: {len(queries)} queries fill the embedding cache"
-            with counted_phase(console, what, len(queries)) as bar:
-                for query in queries:
-                    call(query)
-                    bar.advance()
+            _warm_up(call, queries, console)
             latencies, wall = _measure_grpc(call, queries, requests, clients, console)
             inproc = asyncio.run(_measure_inproc(live, tenant, catalog, queries, console))
         finally:
@@ -164,6 +176,151 @@ def bench_search(
         "inproc_p99_ms": round(_percentile(inproc, 0.99), 3),
         "grpc_over_inproc_p50": round(p50 / inproc_p50, 2) if inproc_p50 else None,
     }
+
+
+def bench_search_beside_registration(
+    settings: Settings,
+    tools: int,
+    neighbour_tools: int,
+    requests: int,
+    clients: int,
+    console: Console,
+) -> dict[str, Any]:
+    """A tenant's Search latency alone, then while a neighbour registers `neighbour_tools`."""
+    catalog = synthetic_catalog(tools)
+    run = uuid.uuid4().hex[:6]
+    neighbour_catalog = synthetic_catalog(neighbour_tools, prefix=f"n{run}_")
+    queries = synthetic_queries(QUERIES)
+    step(console, "search: the running system, or a private one")
+    with running_system(settings, console) as live:
+        tenant, neighbour = f"bench-{run}", f"bench-{run}-neighbour"
+        stub = client.search_stub(live)
+        try:
+            _register(live, tenant, catalog, console)
+            call = _search_call(stub, tenant)
+            _warm_up(call, queries, console)
+            alone, _ = _measure_grpc(call, queries, requests, clients, console)
+            beside = _Beside(call, queries)
+            registration = beside.measure(live, neighbour, neighbour_catalog, clients, console)
+        finally:
+            with phase(console, f"deleting {tenant} and {neighbour}"):
+                for name in (tenant, neighbour):
+                    stub.DeleteTenant(search_pb2.DeleteTenantRequest(tenant_id=name), timeout=300)
+    return {
+        "tools": tools,
+        "neighbour_tools": neighbour_tools,
+        "clients": clients,
+        "alone": _summary([(ms, True) for ms in alone]),
+        DURING: _summary(beside.of(DURING)),
+        AFTER: _summary(beside.of(AFTER)),
+        "registration": registration,
+    }
+
+
+def _summary(samples: list[tuple[float, bool]]) -> dict[str, Any]:
+    """Latency percentiles of the searches that succeeded, and how many failed."""
+    done = [ms for ms, ok in samples if ok]
+    return {
+        "requests": len(samples),
+        "errors": len(samples) - len(done),
+        "p50_ms": round(statistics.median(done), 3) if done else None,
+        "p99_ms": round(_percentile(done, 0.99), 3) if done else None,
+    }
+
+
+class _Beside:
+    """Searches of one tenant from several clients, each sample marked with the phase of a
+    neighbour's registration it started in."""
+
+    def __init__(self, call: SearchCall, queries: list[str]) -> None:
+        self._call = call
+        self._queries = queries
+        self._phase = DURING
+        self._samples: list[tuple[str, float, bool]] = []
+        self._stop = threading.Event()
+
+    def of(self, phase_name: str) -> list[tuple[float, bool]]:
+        return [(ms, ok) for name, ms, ok in self._samples if name == phase_name]
+
+    def measure(
+        self,
+        settings: Settings,
+        neighbour: str,
+        catalog: list[ToolSpec],
+        clients: int,
+        console: Console,
+    ) -> dict[str, Any]:
+        """Search from `clients` threads while `neighbour` registers `catalog` in one request,
+        then until its event is consumed; the registration's outcome."""
+        with ThreadPoolExecutor(clients) as pool:
+            searching = [pool.submit(self._search, c, clients) for c in range(clients)]
+            try:
+                what = f"{clients} clients search while {neighbour} registers {len(catalog)} tools"
+                with phase(console, f"{what} in one request"):
+                    registration = _register_at_once(settings, neighbour, catalog)
+                self._phase = AFTER
+                with phase(console, "searching on until the consumers of its event catch up"):
+                    registration["consumers_caught_up_s"] = _catch_up(settings, CATCH_UP_S)
+            finally:
+                self._stop.set()
+            for future in searching:
+                future.result()
+        return registration
+
+    def _search(self, first: int, step_by: int) -> None:
+        for i in itertools.count(first, step_by):
+            if self._stop.is_set():
+                return
+            phase_name = self._phase
+            start = time.perf_counter()
+            try:
+                self._call(self._queries[i % len(self._queries)])
+                ok = True
+            except grpc.RpcError:
+                ok = False
+            self._samples.append((phase_name, (time.perf_counter() - start) * 1000, ok))
+
+
+def _register_at_once(settings: Settings, tenant: str, catalog: list[ToolSpec]) -> dict[str, Any]:
+    """One RegisterTools request with the whole catalog: its status, count and seconds."""
+    request = search_pb2.RegisterToolsRequest(
+        tenant_id=tenant, tools=[client.tool_message(t) for t in catalog]
+    )
+    stub = client.search_stub(settings)  # a connection of its own, as young as the request
+    start = time.perf_counter()
+    try:
+        reply = stub.RegisterTools(request, timeout=REGISTER_TIMEOUT_S)
+        outcome: dict[str, Any] = {"status": "OK", "registered": reply.registered}
+    except grpc.RpcError as exc:
+        outcome = {"status": exc.code().name, "details": exc.details()}
+    outcome["request_bytes"] = request.ByteSize()
+    outcome["seconds"] = round(time.perf_counter() - start, 1)
+    return outcome
+
+
+def _catch_up(settings: Settings, within_s: float) -> float | None:
+    """Seconds until every consumer group of `ToolsRegistered` has read and acknowledged all
+    of it, or None if they have not within `within_s`."""
+    import redis
+
+    from pml_common.settings import redis_credentials
+
+    start = time.monotonic()
+    with redis.Redis.from_url(settings.redis_url, **redis_credentials(settings)) as store:
+        while time.monotonic() - start < within_s:
+            groups = store.xinfo_groups(ToolsRegistered.STREAM)
+            if all(g["pending"] == 0 and not g.get("lag") for g in groups):
+                return round(time.monotonic() - start, 1)
+            time.sleep(0.5)
+    return None
+
+
+def _warm_up(call: SearchCall, queries: list[str], console: Console) -> None:
+    what = f"warm-up: {len(queries)} queries fill the embedding cache"
+    with counted_phase(console, what, len(queries)) as bar:
+        for query in queries:
+            call(query)
+            bar.advance()
 
 
 def _register(settings: Settings, tenant: str, catalog: list[ToolSpec], console: Console) -> None:

@@ -580,12 +580,27 @@ def bench_search(
     tools: Annotated[int, typer.Option(help="Catalog size.")] = 10_000,
     requests: Annotated[int, typer.Option(help="Measured requests.")] = 2000,
     clients: Annotated[int, typer.Option(help="Concurrent gRPC clients.")] = 4,
+    neighbour_tools: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=50_000,
+            help="Instead: the searches alone, then while another tenant registers this many "
+            "new tools in one request, then until its event is consumed, side by side.",
+        ),
+    ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Search latency over gRPC with concurrent clients, and the same ranking in-process."""
     from pml_cli.bench_search import bench_search as run_bench
+    from pml_cli.bench_search import bench_search_beside_registration
 
-    result = run_bench(Settings(), tools, requests, clients, err)
+    if neighbour_tools:
+        result = bench_search_beside_registration(
+            Settings(), tools, neighbour_tools, requests, clients, err
+        )
+    else:
+        result = run_bench(Settings(), tools, requests, clients, err)
     _emit(result, as_json)
 
 

@@ -1,0 +1,38 @@
+import json
+
+from typer.testing import CliRunner
+
+from pml_cli.main import app
+
+PHASE_KEYS = {"requests", "errors", "p50_ms", "p99_ms"}
+
+
+def test_bench_search_beside_a_registration_prints_the_phases_side_by_side() -> None:
+    # Nothing answers on this address: the bench starts a private system of its own.
+    env = {"PML_SEARCH_ADDR": "127.0.0.1:9"}
+    args = ["bench", "search", "--tools", "20", "--requests", "10", "--clients", "2"]
+    result = CliRunner().invoke(app, [*args, "--neighbour-tools", "40", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["tools"], report["neighbour_tools"], report["clients"]) == (20, 40, 2)
+    assert report["alone"].keys() == PHASE_KEYS
+    assert (report["alone"]["requests"], report["alone"]["errors"]) == (10, 0)
+    for phase in ("during_registration", "until_consumers_caught_up"):
+        assert report[phase].keys() == PHASE_KEYS
+        assert report[phase]["errors"] == 0
+    registration = report["registration"]
+    assert (registration["status"], registration["registered"]) == ("OK", 40)
+    assert registration["consumers_caught_up_s"] is not None
+    phases = [
+        "2 clients search while bench-",
+        "searching on until the consumers of its event catch up",
+        "deleting bench-",
+    ]
+    lines = [line for line in result.stderr.splitlines() if line.startswith(tuple(phases))]
+    assert [next(p for p in phases if line.startswith(p)) for line in lines] == phases
+
+
+def test_bench_search_refuses_more_neighbour_tools_than_a_request_may_hold() -> None:
+    result = CliRunner().invoke(app, ["bench", "search", "--neighbour-tools", "50001"])
+    assert result.exit_code == 2
+    assert "--neighbour-tools" in result.output
