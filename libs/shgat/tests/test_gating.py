@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from pml_shgat.gating import (
+    MIN_NOVEL,
     WEIGHT_GRID,
     Judged,
+    better,
     choose_weight,
     figures,
     judge,
@@ -60,3 +62,41 @@ def test_a_correction_that_points_at_the_executed_tools_gets_a_weight_and_is_adm
 def test_the_grid_must_start_with_the_first_stage_alone() -> None:
     with pytest.raises(ValueError, match="start at 0"):
         choose_weight([np.zeros(2)], [np.zeros(2)], [Judged((0,))], grid=(1.0, 2.0))
+
+
+def _seen_and_novel(rng: np.random.Generator, novel: int) -> tuple[list[Judged], list, list]:
+    """30 held-back executions of 20 tools, the last `novel` of a new kind that the first stage
+    ranks right, and a correction that knows the seen ones' tools and points the novel ones at
+    a wrong tool."""
+    tools = rng.integers(0, 20, 30)
+    judged = [Judged((int(i),), novel=n >= 30 - novel) for n, i in enumerate(tools)]
+    first = [rng.random(20) + np.eye(20)[j.relevant[0]] * j.novel for j in judged]
+    correction = [
+        np.eye(20)[(j.relevant[0] + 1) % 20] if j.novel else np.eye(20)[j.relevant[0]]
+        for j in judged
+    ]
+    return judged, first, correction
+
+
+def test_a_weight_that_hurts_novel_executions_is_not_chosen() -> None:
+    judged, first, correction = _seen_and_novel(np.random.default_rng(2), novel=MIN_NOVEL + 3)
+    verdict = judge(first, first, correction, judged, min_judged=3)
+    # without the novel ones' veto, the weight that ranks all held-back executions best is larger
+    unflagged = [Judged(j.relevant) for j in judged]
+    unguarded, _ = choose_weight(first, correction, unflagged)
+    assert unguarded > verdict.weight
+    heavy = [served_scores(f, c, unguarded) for f, c in zip(first, correction, strict=True)]
+    novel = [i for i, j in enumerate(judged) if j.novel]
+    hurt = figures([heavy[i] for i in novel], [judged[i] for i in novel])
+    assert better(verdict.novel_first_stage, hurt)
+    # the weight chosen does not rank the novel executions below the first stage
+    assert not better(verdict.novel_first_stage, verdict.novel_candidate)
+    assert verdict.novel_candidate.count == MIN_NOVEL + 3
+    assert verdict.as_metrics()["holdout_novel_size"] == MIN_NOVEL + 3
+
+
+def test_too_few_novel_executions_bar_nothing() -> None:
+    judged, first, correction = _seen_and_novel(np.random.default_rng(2), novel=MIN_NOVEL - 1)
+    verdict = judge(first, first, correction, judged, min_judged=3)
+    assert verdict.weight > 0.0 and verdict.accepted
+    assert verdict.novel_candidate.recall_at_1 < verdict.novel_first_stage.recall_at_1

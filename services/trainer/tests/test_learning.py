@@ -279,6 +279,10 @@ async def test_a_version_worse_than_the_serving_one_is_kept_as_rejected(
     rig: Rig, tenant: str, driver, settings: Settings
 ) -> None:
     graph, h, good, bad = await _gate_situation(rig, driver, settings, tenant)
+    for cap in SHIFTED.values():
+        used = next(c.tools for c in CAPABILITIES if c.id == cap)
+        trained = Trace(trace_id=f"trained-{cap}", intent=cap, path=used, outcome=1.0)
+        await rig.buffer.add(tenant, trained)
     lease = await rig.lock.try_acquire()
     assert lease is not None
     async with rig.lock.hold(lease):
@@ -297,6 +301,8 @@ async def test_a_version_worse_than_the_serving_one_is_kept_as_rejected(
     assert rejected[1] == bad
     m = rejected[0].metrics
     assert m["holdout_size"] == 6.0
+    # the replay buffer ran these sets of tools: none of the held-back executions is novel
+    assert m["holdout_novel_size"] == 0.0
     # ranked lower than the serving version (recall@5 of 8 tools, then the first tool's MRR)
     assert _decisive(m, "candidate") < _decisive(m, "serving")
     assert _decisive(m, "serving") > _decisive(m, "first_stage")
@@ -321,6 +327,9 @@ async def test_a_version_better_than_the_serving_one_and_the_first_stage_is_publ
     assert announcement.model_version == record.version  # type: ignore[attr-defined]
     m = record.metrics
     assert m["correction_weight"] > 0.0
+    # nothing was trained on: every held-back set of tools is new, and the candidate helps there
+    assert m["holdout_novel_size"] == 6.0
+    assert _decisive(m, "novel_candidate") > _decisive(m, "novel_first_stage")
     assert _decisive(m, "candidate") > _decisive(m, "serving")
     assert _decisive(m, "candidate") > _decisive(m, "first_stage")
     assert await rig.registry.last_rejected(tenant) is None

@@ -229,3 +229,13 @@ async def test_pending_tenants_keep_traces_added_during_training(
     assert tenant not in await buffer.pending_tenants()
     assert await buffer.add(tenant, trace(3))
     assert tenant in await buffer.pending_tenants()
+
+
+async def test_tool_sets_are_the_distinct_sets_of_steps_stored(
+    buffer: ReplayBuffer, tenant: str
+) -> None:
+    assert await buffer.tool_sets(tenant) == set()
+    for n, path in enumerate((["a", "b"], ["b", "a"], ["c"], ["a", "b", "a"])):
+        await buffer.add(tenant, Trace(trace_id=f"t{n}", intent="x", path=path, outcome=1.0))
+    assert await buffer.tool_sets(tenant) == {frozenset({"a", "b"}), frozenset({"c"})}
+    assert await buffer.tool_sets(f"{tenant}-other") == set()

@@ -9,6 +9,11 @@ w = 0 is always in the grid, so on that set the served ranking is never worse th
 stage's. A candidate version replaces the serving one only if it ranks the executed tools of the
 held-back executions better than both the serving combination and the first stage alone.
 
+Held-back executions resemble the ones trained on, so a correction can look good on them by
+recalling the workflows it has seen while it hurts tasks of a new kind. Those held back whose
+set of tools no trained execution ran (*novel*) stand for that new work: when there are enough
+of them, a weight is only eligible if, on them alone, the first stage does not rank better.
+
 Everything here is pure numpy over score vectors (one score per tool, in hierarchy order).
 """
 
@@ -31,6 +36,8 @@ CUTOFFS = (1, 5, 10)
 DECIDING_K = 5
 RECALL_MARGIN = 0.01
 MRR_MARGIN = 0.005
+#: Novel held-back executions needed before they can bar a weight (fewer say too little).
+MIN_NOVEL = 5
 
 FloatArray = NDArray[np.floating]
 #: Name of the correction weight in a published version's metrics.
@@ -42,6 +49,8 @@ class Judged:
     """One execution to rank: the tools it used, as indices into the score vectors."""
 
     relevant: tuple[int, ...]  # distinct, in the order of the path; the first is the first step
+    #: No execution the candidate trained on ran this set of tools.
+    novel: bool = False
 
 
 @dataclass(frozen=True)
@@ -124,17 +133,30 @@ def choose_weight(
     """The weight of the grid whose served scores rank the executions best, and its figures.
 
     A larger weight must be better (per `better`) than the best so far to win, so a correction
-    that adds nothing keeps the smaller weight, down to 0 (the first stage alone).
+    that adds nothing keeps the smaller weight, down to 0 (the first stage alone). With at
+    least `MIN_NOVEL` novel executions, a weight under which the first stage ranks them better
+    is not eligible.
     """
     if not grid or grid[0] != 0.0:
         raise ValueError("the weight grid must start at 0 (the first stage alone)")
+    novel = [i for i, j in enumerate(judged) if j.novel]
+    guard = len(novel) >= MIN_NOVEL
+    novel_base = _subset_figures(first_stage, judged, novel)
     best_w, best = 0.0, figures(first_stage, judged)
     for w in grid[1:]:
         rows = [served_scores(f, c, w) for f, c in zip(first_stage, correction, strict=True)]
+        if guard and better(novel_base, _subset_figures(rows, judged, novel)):
+            continue
         candidate = figures(rows, judged)
         if better(candidate, best):
             best_w, best = w, candidate
     return best_w, best
+
+
+def _subset_figures(
+    rows: Sequence[FloatArray], judged: Sequence[Judged], indices: Sequence[int]
+) -> Figures:
+    return figures([rows[i] for i in indices], [judged[i] for i in indices])
 
 
 @dataclass(frozen=True)
@@ -147,14 +169,20 @@ class Verdict:
     candidate: Figures
     serving: Figures
     first_stage: Figures
+    #: The same three on the novel held-back executions alone.
+    novel_candidate: Figures = EMPTY
+    novel_first_stage: Figures = EMPTY
 
     def as_metrics(self) -> dict[str, float]:
         return {
             WEIGHT_METRIC: self.weight,
             "holdout_size": float(self.candidate.count),
+            "holdout_novel_size": float(self.novel_candidate.count),
             **self.candidate.as_metrics("holdout_candidate_"),
             **self.serving.as_metrics("holdout_serving_"),
             **self.first_stage.as_metrics("holdout_first_stage_"),
+            **self.novel_candidate.as_metrics("holdout_novel_candidate_"),
+            **self.novel_first_stage.as_metrics("holdout_novel_first_stage_"),
         }
 
 
@@ -173,6 +201,14 @@ def judge(
     base = figures(first_stage, judged)
     now = figures(serving, judged)
     weight, cand = choose_weight(first_stage, candidate_correction, judged)
+    novel = [i for i, j in enumerate(judged) if j.novel]
+    chosen = [
+        served_scores(f, c, weight) for f, c in zip(first_stage, candidate_correction, strict=True)
+    ]
+    novel_figures = (
+        _subset_figures(chosen, judged, novel),
+        _subset_figures(first_stage, judged, novel),
+    )
     if len(judged) < min_judged:
         reason, accepted = f"{len(judged)} held-back executions, {min_judged} needed", False
     elif not better(cand, now):
@@ -181,7 +217,7 @@ def judge(
         reason, accepted = "not better than the first stage on held-back executions", False
     else:
         reason, accepted = "better than the serving version and the first stage", True
-    return Verdict(accepted, reason, weight, cand, now, base)
+    return Verdict(accepted, reason, weight, cand, now, base, *novel_figures)
 
 
 def tool_scores(model: ServingModel, intent: FloatArray) -> FloatArray:

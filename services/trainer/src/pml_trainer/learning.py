@@ -7,7 +7,8 @@ their TD error, `outcome − predictPathSuccess(intent, path)` under the updated
 
 Gate: a trained candidate is published only if it ranks the executed tools of held-back
 executions (`holdout`, traces no version trained on) better than the serving version and the
-untrained first stage (`pml_shgat.gating`), with the correction weight w chosen on the same set;
+untrained first stage (`pml_shgat.gating`), with the correction weight w chosen on the same set
+(and barred from hurting the held-back executions whose tool set the buffer never ran);
 else it is kept in the registry as the tenant's last rejected candidate, with its figures, and
 the serving version stays.
 
@@ -24,7 +25,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import structlog
@@ -257,11 +258,12 @@ class LearningLoop:
         """Judge a candidate against the serving view on the tenant's held-back executions."""
         traces: list[Trace] = []
         judged: list[Judged] = []
+        trained = await self._buffer.tool_sets(tenant)
         for trace in await self._holdout.recent(tenant):
             one = serving.judged(trace)
             if one is not None:
                 traces.append(trace)
-                judged.append(one)
+                judged.append(replace(one, novel=frozenset(trace.path) not in trained))
         intents = await embed_intents(
             [t.intent for t in traces], self._embedder, self._tool_embedder
         )

@@ -197,6 +197,12 @@ class ReplayBuffer:
             sizes = await pipe.execute()
         return [t for t, n in zip(pending, sizes, strict=True) if n >= min_traces]
 
+    async def tool_sets(self, tenant_id: str) -> set[frozenset[str]]:
+        """The distinct sets of steps the stored traces ran (what a model trained on them has
+        seen done together)."""
+        raws = await self._redis.hvals(_Keys(tenant_id).traces)
+        return {frozenset(Trace.model_validate_json(raw).path) for raw in raws}
+
     async def priorities(self, tenant_id: str) -> dict[str, float]:
         """Every stored trace's priority p (before the alpha exponent)."""
         return dict(await self._scores(_Keys(tenant_id)))
