@@ -13,11 +13,13 @@ from pml_common.publishing import publish_all
 from pml_common.settings import Settings
 
 
-async def published(redis: aioredis.Redis, tenant: str) -> list[str]:
-    """The reasons of the tenant's GraphChanged events, in stream order."""
-    rows = await redis.xrange(GraphChanged.STREAM)
-    events = [json.loads(fields[EVENT_FIELD.encode()]) for _, fields in rows]
-    return [e["reason"] for e in events if e["tenant_id"] == tenant]
+async def reasons(redis: aioredis.Redis, entry_ids: list[str]) -> list[str]:
+    """The reasons of the GraphChanged events in these stream entries, in order."""
+    found = []
+    for entry_id in entry_ids:
+        [(_, fields)] = await redis.xrange(GraphChanged.STREAM, min=entry_id, max=entry_id)
+        found.append(json.loads(fields[EVENT_FIELD.encode()])["reason"])
+    return found
 
 
 async def test_publishing_goes_to_the_end_when_the_caller_is_cancelled(
@@ -31,5 +33,4 @@ async def test_publishing_goes_to_the_end_when_the_caller_is_cancelled(
     await asyncio.sleep(0)  # publishing has started
     caller.cancel()
     entry_ids = await caller
-    assert len(entry_ids) == len(events)
-    assert await published(redis, tenant) == [f"step {i}" for i in range(20)]
+    assert await reasons(redis, entry_ids) == [f"step {i}" for i in range(20)]
