@@ -671,6 +671,25 @@ def bench_knowledge(
     _emit(result, as_json)
 
 
+@bench_app.command("memory")
+def bench_memory(
+    tools: Annotated[int, typer.Option(min=1, help="Tools of the large tenant.")] = 10_000,
+    tenants: Annotated[int, typer.Option(min=0, help="Small tenants added after it.")] = 20,
+    tenant_tools: Annotated[int, typer.Option(min=1, help="Tools of each small tenant.")] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Memory (RSS of each service, Redis's dataset) held per tenant and per `--tools` tools, on
+    a private system."""
+    from pml_cli.bench_memory import bench_memory as run_bench
+    from pml_common.local_runtime import LocalRuntimeError
+
+    try:
+        result = run_bench(tools, tenants, tenant_tools, err)
+    except (LocalRuntimeError, TimeoutError) as exc:
+        fail(str(exc))
+    _emit(result, as_json)
+
+
 @bench_app.command("soak")
 def bench_soak(
     minutes: Annotated[
