@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 
 from pml.v1 import common_pb2, search_pb2, search_pb2_grpc
 from pml_common.bus import EVENT_FIELD, EventBus
-from pml_common.embedding import build_tool_embedder
+from pml_common.embedding import Embedder, build_tool_embedder
 from pml_common.events import CapabilityLearned, Event, ToolsRegistered
 from pml_common.grpc_server import GrpcServer
 from pml_common.local_runtime import ManagedProcess, start_redis
@@ -55,6 +55,39 @@ def capability(cap_id: str, description: str, tools: list[str]) -> common_pb2.Ca
 CHUNK = 3
 
 
+class HeldEmbedder:
+    """The real tool embedder, which a test can make wait after some calls: a registration is
+    then midway for as long as the test needs, whatever the machine's speed."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self._inner = inner
+        self._calls_left: int | None = None
+        self.holding = asyncio.Event()
+        self._release = asyncio.Event()
+
+    def hold_after(self, calls: int) -> None:
+        self._calls_left = calls
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    @property
+    def dim(self) -> int:
+        return self._inner.dim
+
+    async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return await self._inner.embed_queries(texts)
+
+    async def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        if self._calls_left is not None:
+            if self._calls_left == 0:
+                self.holding.set()
+                await self._release.wait()
+            self._calls_left -= 1
+        return await self._inner.embed_passages(texts)
+
+
 @dataclass
 class Rig:
     """A search servicer on real stores, whose bus Redis the test may stop."""
@@ -64,6 +97,7 @@ class Rig:
     catalog: CatalogIndex
     bus_redis: ManagedProcess
     bus: Redis
+    embedder: HeldEmbedder
 
     async def points(self, kind: str, tenant: str) -> dict[str, tuple[dict[str, Any], Any]]:
         """The tenant's stored points of `kind`: payload and vector by point id."""
@@ -74,6 +108,10 @@ class Rig:
         """The events of `event_type` on the bus, oldest first."""
         rows = await self.bus.xrange(event_type.STREAM)
         return [json.loads(fields[EVENT_FIELD.encode()]) for _, fields in rows]
+
+
+def payloads(points: dict[str, tuple[dict[str, Any], Any]]) -> dict[str, dict[str, Any]]:
+    return {point_id: payload for point_id, (payload, _) in points.items()}
 
 
 def assert_same_points(
@@ -103,7 +141,8 @@ async def rig(
     cache = redis_client(local)
     bus_client = redis_client(local.model_copy(update={"redis_url": bus_redis.url}))
     store = QdrantVectorStore.from_settings(local)
-    catalog = CatalogIndex(store, build_tool_embedder(local, cache))
+    embedder = HeldEmbedder(build_tool_embedder(local, cache))
+    catalog = CatalogIndex(store, embedder)
     await catalog.start()
     servicer = SearchServicer(
         local,
@@ -120,7 +159,7 @@ async def rig(
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = search_pb2_grpc.SearchServiceStub(channel)
-            yield Rig(stub, store, catalog, bus_redis, bus_client)
+            yield Rig(stub, store, catalog, bus_redis, bus_client, embedder)
     finally:
         await server.stop(0)
         await store.close()
@@ -198,15 +237,21 @@ async def test_a_registration_its_caller_abandons_midway_leaves_the_store_as_it_
     before = await rig.points(TOOL, tenant)
     many = [tool(f"bulk:tool_{i}", f"Handles item {i} of the bulk set.") for i in range(300)]
     many[0] = tool("fs:read_file", "Read a file as base64.")  # a replaced one too
+    rig.embedder.hold_after(10)
     call = rig.stub.RegisterTools(
         search_pb2.RegisterToolsRequest(tenant_id=tenant, tools=many), timeout=120
     )
-    # Some chunks are stored, far from all of them: the caller goes away.
-    await eventually(lambda: rig.points(TOOL, tenant), lambda now: len(now) > len(before))
+    # Ten chunks are stored, the eleventh waits: the caller goes away.
+    await asyncio.wait_for(rig.embedder.holding.wait(), timeout=60)
+    assert len(await rig.points(TOOL, tenant)) == len(before) + 10 * CHUNK - 1
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
-    await eventually(lambda: rig.points(TOOL, tenant), lambda now: sorted(now) == sorted(before))
+    # The undo runs on after the cancellation (shielded): added points go, then replaced ones
+    # are written back.
+    await eventually(
+        lambda: rig.points(TOOL, tenant), lambda now: payloads(now) == payloads(before)
+    )
     assert_same_points(await rig.points(TOOL, tenant), before)
     assert len(await rig.published(ToolsRegistered)) == 1  # the first registration's only
     node = await rig.stub.GetNode(search_pb2.GetNodeRequest(tenant_id=tenant, id="fs:read_file"))
