@@ -20,6 +20,7 @@ def test_least_recently_used_values_go_first_once_weights_exceed_the_capacity() 
     tenants.put("c", [1, 1])
     assert "b" not in tenants and "a" in tenants and "c" in tenants
     assert tenants.weight() == 4
+    assert tenants.keys() == ["a", "c"]
 
 
 def test_a_value_growing_in_place_makes_others_give_way_on_shrink() -> None:

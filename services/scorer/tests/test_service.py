@@ -426,3 +426,31 @@ async def test_model_info_reports_weight_prequential_and_candidates(
     assert (accepted.first_stage_recall_at_5, accepted.correction_weight) == (0.3, 2.0)
     assert (info.last_rejected.version, info.last_rejected.accepted) == (rejected.version, False)
     assert info.last_rejected.candidate_recall_at_5 == 0.2
+
+
+async def test_a_tenant_dropped_past_the_cache_bound_is_served_alike_once_rebuilt(
+    settings: Settings, graph_db: neo4j.AsyncDriver, tenant: str
+) -> None:
+    """PML_SCORER_CACHE_MAX_NODES reaches the snapshots: one node holds one tenant at a time,
+    and the tenant dropped for another is built again from the stores on its next request."""
+    other = f"{tenant}-b"
+    await write_catalog(graph_db, tenant)
+    await write_catalog(graph_db, other)
+    app = ScorerApp(settings.model_copy(update={"scorer_cache_max_nodes": 1}), port=0)
+    await app.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as channel:
+            stub = scorer_pb2_grpc.ScorerServiceStub(channel)
+
+            async def score(who: str) -> scorer_pb2.ScoreResponse:
+                request = scorer_pb2.ScoreRequest(tenant_id=who, text=INTENT, top_k=5)
+                return await stub.ScoreTools(request, timeout=30)
+
+            first = await score(tenant)
+            assert app.snapshots.loaded() == [tenant]
+            await score(other)
+            assert app.snapshots.loaded() == [other]
+            assert await score(tenant) == first
+            assert app.snapshots.loaded() == [tenant]
+    finally:
+        await app.stop()

@@ -175,3 +175,40 @@ async def test_empty_tenants_are_answered_but_not_kept() -> None:
     assert model.is_empty
     assert snapshots.peek("nobody") is None
     assert snapshots._slots == {}  # no bookkeeping left behind either
+
+
+async def test_past_the_capacity_the_least_recently_used_tenant_is_dropped_then_rebuilt() -> None:
+    builder = GatedBuilder()
+    snapshots = ModelSnapshots(builder, max_nodes=1)  # every model here has one tool
+    builder.release(2)
+    assert (await snapshots.get("t")).version == "v1"
+    assert (await snapshots.get("u")).version == "v2"
+    assert snapshots.loaded() == ["u"]
+    assert snapshots._slots == {}  # nothing of "t" is kept
+    # No longer served: its events leave it alone (a build would wait on the gate forever).
+    await asyncio.wait_for(snapshots.refresh("t"), timeout=5)
+    assert builder.started == 2
+    builder.release()
+    assert (await snapshots.get("t")).version == "v3"  # built again on its next request
+    assert snapshots.loaded() == ["t"]
+
+
+async def test_a_tenant_being_rebuilt_is_not_dropped_for_another() -> None:
+    builder = GatedBuilder()
+    snapshots = ModelSnapshots(builder, max_nodes=1)
+    builder.release()
+    await snapshots.get("t")
+    loading = asyncio.create_task(snapshots.get("u"))
+    await settle()
+    refresh = asyncio.create_task(snapshots.refresh("t"))
+    await settle()
+    builder.release()  # "u" is built first, while "t" is still rebuilding
+    assert (await loading).version == "v2"
+    assert snapshots.loaded() == ["t", "u"]  # over the capacity, "t" busy
+    assert snapshots.peek("t") is not None
+    builder.release()
+    await refresh
+    assert snapshots.peek("u") is not None
+    # "t" rebuilt and idle again: the bound holds once more, least recently used first
+    # (a rebuild is not a use).
+    assert snapshots.loaded() == ["u"]

@@ -276,6 +276,14 @@ class Settings(BaseSettings):
         "and DR-DSP state a planner replica keeps in memory; past it the least recently used "
         "tenants are dropped and read again from Neo4j on their next request.",
     )
+    scorer_cache_max_nodes: int = Field(
+        200_000,
+        ge=1,
+        description="Graph nodes (tools and capabilities, over all tenants) whose serving model "
+        "a scorer replica keeps in memory, about 13 KB each with the default embedders; past "
+        "it the least recently used tenants are dropped (never one whose model is being built "
+        "or read) and built again from the stores on their next request.",
+    )
     workflow_templates: str = Field(
         "", description="YAML file of workflow templates (empty: the bundled templates)."
     )

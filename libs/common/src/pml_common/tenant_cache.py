@@ -54,6 +54,10 @@ class TenantCache(Generic[K, V]):
     def __len__(self) -> int:
         return len(self._values)
 
+    def keys(self) -> list[K]:
+        """The cached keys, least recently used first."""
+        return list(self._values)
+
     def get(self, key: K) -> V | None:
         """The value, marked as just used; None when not cached."""
         value = self._values.get(key)

@@ -57,7 +57,7 @@ class ScorerApp:
             settings.shgat_key_dim,
             self.tool_embedder,
         )
-        self.snapshots = ModelSnapshots(builder)
+        self.snapshots = ModelSnapshots(builder, settings.scorer_cache_max_nodes)
         self.bus = EventBus(settings, SERVICE)
         self._group = ScorerConsumers(self.snapshots).subscribe(self.bus, settings.consumer_name)
         self.servicer = ScorerServicer(
