@@ -14,7 +14,7 @@ from pml_common.events import ChunkPayload, ChunksExtracted, DocumentDeleted
 from pml_common.latest_wins import LatestWins
 from pml_common.settings import Settings
 from pml_search.chunk_consumers import ChunkConsumers
-from pml_search.chunk_index import COLLECTION, ChunkIndex
+from pml_search.chunk_index import ChunkIndex, collection_for
 from pml_search.vector_store import QdrantVectorStore
 
 
@@ -73,7 +73,9 @@ async def test_search_filters_by_context_ids(
         ("d1", chunks[0].context_id, "Sales / Quotes")
     ]
     assert only[0].text == chunks[0].text
-    assert COLLECTION == "pml_chunks"
+    # The collection is named after the embedder, so that two models never share one.
+    assert index.collection == collection_for(index.embedder.name)
+    assert collection_for("use:multilingual-v3") == "pml_chunks__use_multilingual_v3"
 
 
 async def test_events_handled_out_of_order_apply_in_the_order_requested(
