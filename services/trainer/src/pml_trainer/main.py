@@ -60,7 +60,12 @@ async def serve(settings: Settings) -> None:
         registry = ModelRegistry(redis, settings.model_keep_versions)
         holdout = HoldOut(redis)
         views = TenantViews(
-            driver, settings.neo4j_database, embedder, registry, tool_embedder=tool_embedder
+            driver,
+            settings.neo4j_database,
+            embedder,
+            registry,
+            tool_embedder=tool_embedder,
+            max_nodes=settings.trainer_cache_max_nodes,
         )
         prequential = Prequential(views, PrequentialStore(redis), embedder, tool_embedder)
         handlers = TrainerHandlers(
