@@ -269,6 +269,15 @@ class Settings(BaseSettings):
         "it keeps statistics of; past it the least recently used tenants are dropped and read "
         "again from the stores on their next request. An empty catalog or graph counts as one.",
     )
+    search_chunk_cache_max_chunks: int = Field(
+        100_000,
+        ge=1,
+        description="Document chunks (over all tenants) a search replica using the embedded "
+        "vector store keeps in memory for Ask, about 6 KB each with the default 512-dimension "
+        "embedder (the vector twice, the text and its payload), so about 600 MB; past it the "
+        "least recently used tenants are dropped and read again from the store on their next "
+        "request. Unused with a Qdrant server.",
+    )
     planner_cache_max_nodes: int = Field(
         200_000,
         ge=1,

@@ -33,7 +33,7 @@ import structlog
 
 from pml_common.embedding import Embedder
 from pml_common.events import ChunkPayload
-from pml_search.chunk_memory import ChunkMemory
+from pml_search.chunk_memory import MAX_CHUNKS, ChunkMemory
 from pml_search.vector_store import VectorHit, VectorPoint, VectorStore
 
 log = structlog.get_logger(__name__)
@@ -77,11 +77,17 @@ class ChunkIndex:
     """The chunks of every tenant, embedded by the passage embedder; questions must be embedded
     by the same one (`embedder`) to be compared with them."""
 
-    def __init__(self, store: VectorStore, embedder: Embedder) -> None:
+    def __init__(
+        self, store: VectorStore, embedder: Embedder, max_memory_chunks: int = MAX_CHUNKS
+    ) -> None:
         self._store = store
         self._embedder = embedder
         self.collection = collection_for(embedder.name)
-        self._memory = ChunkMemory(store, self.collection, embedder.dim) if store.embedded else None
+        self._memory = (
+            ChunkMemory(store, self.collection, embedder.dim, max_memory_chunks)
+            if store.embedded
+            else None
+        )
 
     @property
     def embedder(self) -> Embedder:

@@ -8,16 +8,24 @@ loaded on first use) and answers filtered searches with numpy: the rows of the r
 sections (`context_id`) or documents, scored by dot product, exactly as Qdrant's cosine would.
 Every write through `ChunkIndex` invalidates the tenant; a load that raced with a write is not
 kept. With a Qdrant server, filters run in Qdrant on its payload indexes and this is not used.
+
+Memory: at most `max_chunks` chunks over all tenants are kept (`PML_SEARCH_CHUNK_CACHE_MAX_CHUNKS`);
+the least recently used tenants are dropped and read again from the store on their next Ask.
+Empty tenants are not kept, and a tenant's lock and its load's bookkeeping live only while a load
+runs or waits, so Asks naming any tenant cannot grow memory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from pml_common.settings import Settings
+from pml_common.tenant_cache import TenantCache
 from pml_search.ranking import top_k_indices
 from pml_search.vector_store import VectorPoint, VectorStore
 
@@ -81,21 +89,45 @@ class TenantChunks:
         ]
 
 
+@dataclass(eq=False)
+class _Load:
+    """A read of one tenant's chunks under way; a write meanwhile makes it stale."""
+
+    stale: bool = False
+
+
+def _weight(chunks: TenantChunks) -> int:
+    return max(1, len(chunks.points))
+
+
+#: Default of `max_chunks`: the setting's.
+MAX_CHUNKS: int = Settings.model_fields["search_chunk_cache_max_chunks"].default
+
+
 class ChunkMemory:
     """Tenant → its chunks in memory, loaded from the store on first use."""
 
-    def __init__(self, store: VectorStore, collection: str, dim: int) -> None:
+    def __init__(
+        self, store: VectorStore, collection: str, dim: int, max_chunks: int = MAX_CHUNKS
+    ) -> None:
         self._store = store
         self._collection = collection
         self._dim = dim
-        self._tenants: dict[str, TenantChunks] = {}
-        self._versions: dict[str, int] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        # Nothing to keep busy: writes replace a tenant's chunks (invalidate), never update them.
+        self._tenants: TenantCache[str, TenantChunks] = TenantCache(
+            "search.chunks", max_chunks, _weight
+        )
+        # The load under way per tenant (one at a time, under the tenant's lock), only while it
+        # runs; and the locks, forgotten once nobody holds or waits for them.
+        self._loading: dict[str, _Load] = {}
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     def invalidate(self, tenant: str) -> None:
         """The tenant's chunks changed in the store: load them again on next use."""
-        self._tenants.pop(tenant, None)
-        self._versions[tenant] = self._versions.get(tenant, 0) + 1
+        self._tenants.pop(tenant)
+        load = self._loading.get(tenant)
+        if load is not None:  # it may have read the store before the write: not to be kept
+            load.stale = True
 
     async def chunks(self, tenant: str) -> TenantChunks:
         cached = self._tenants.get(tenant)
@@ -105,10 +137,13 @@ class ChunkMemory:
             cached = self._tenants.get(tenant)
             if cached is not None:
                 return cached
-            version = self._versions.get(tenant, 0)
-            points = await self._store.scan(self._collection, {"tenant_id": tenant})
+            load = self._loading[tenant] = _Load()
+            try:
+                points = await self._store.scan(self._collection, {"tenant_id": tenant})
+            finally:
+                del self._loading[tenant]
             loaded = TenantChunks.of(points, self._dim)
             # An empty tenant is not kept: any tenant id may be asked about.
-            if points and version == self._versions.get(tenant, 0):
-                self._tenants[tenant] = loaded
+            if points and not load.stale:
+                self._tenants.put(tenant, loaded)
             return loaded
