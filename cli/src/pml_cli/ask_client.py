@@ -15,7 +15,7 @@ from pml_cli.client import channel
 from pml_common.settings import Settings
 
 #: `method` values of Ask; the first is the service's default.
-ASK_METHODS = ("graph-first", "vector")
+ASK_METHODS = ("graph-first", "vector", "graph-ppr")
 MODE_NAMES = {
     knowledge_pb2.ANSWER_MODE_REASONED: "REASONED",
     knowledge_pb2.ANSWER_MODE_ANCHORED: "ANCHORED",

@@ -8,7 +8,9 @@ that another method evaluated on the same system reuses it (unchanged documents 
 ingested again); then every question is asked through `Ask` with the method:
 
 - `vector`: plain vector search over the chunks, without the graph;
-- `graph-first`: the whole runtime (seeds, paths, evidence plan, filtered vector search).
+- `graph-first`: the whole runtime (seeds, paths, evidence plan, filtered vector search);
+- `graph-ppr`: the same with the evidence plan ranked by a Personalized PageRank from the
+  question's seed concepts over the concept ↔ section graph (`pml_search.propagation`).
 
 Questions are asked once every pass is done for every document and search has acknowledged
 every `ChunksExtracted` (it indexes the chunks on its own, outside the pass statuses).
@@ -17,7 +19,7 @@ The ranked documents of a question are the documents of the returned evidence ch
 order, without repeats. Metrics, exactly as the data README defines them: recall@k = mean over
 questions of |supporting ∩ top-k documents| / |supporting| (k = 2, 5); all_evidence@8 = share
 of questions whose every supporting document is in the top 8. Several methods can be given
-(`vector,graph-first`): they are asked in turn on the same ingestion.
+(`vector,graph-first,graph-ppr`): they are asked in turn on the same ingestion.
 """
 
 from __future__ import annotations

@@ -336,7 +336,11 @@ def ask(
     question: Annotated[str, typer.Argument(help="A question about the ingested documents.")],
     k: Annotated[int, typer.Option(help="Evidence chunks to return (1-50).")] = 8,
     method: Annotated[
-        str, typer.Option(help="graph-first (the runtime) | vector (plain vector search)")
+        str,
+        typer.Option(
+            help="graph-first (the runtime) | graph-ppr (with propagation from the question) "
+            "| vector (plain vector search)"
+        ),
     ] = "graph-first",
     tenant: TenantOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -448,7 +452,10 @@ def eval_synthetic(
 def eval_knowledge(
     data: Annotated[Path, typer.Option(help="Folder with corpus.jsonl and questions.jsonl.")],
     method: Annotated[
-        str, typer.Option(help="vector | graph-first, or both: vector,graph-first")
+        str,
+        typer.Option(
+            help="vector | graph-first | graph-ppr, or several: vector,graph-first,graph-ppr"
+        ),
     ] = "graph-first",
     max_questions: Annotated[int | None, typer.Option(help="Evaluate the first N only.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,

@@ -296,10 +296,17 @@ async def built(engine: KnowledgeEngine, graph_db, tenant: str) -> str:
     return tenant
 
 
+#: Both graph methods (the bridge hop of `evidence_plan`, the walk of `propagation`) search the
+#: same paths and must hold the same invariants.
+GRAPH_METHODS = pytest.mark.parametrize("method", ["graph-first", "graph-ppr"])
+
+
+@GRAPH_METHODS
 async def test_reasoned_answer_follows_the_evidenced_path_not_the_unproven_shortcut(
-    engine: KnowledgeEngine, built: str
+    engine: KnowledgeEngine, built: str, method: str
 ) -> None:
-    answer = await engine.ask(built, QUESTION, 4, "graph-first")
+    answer = await engine.ask(built, QUESTION, 4, method)
+    assert answer.method == method
     assert answer.mode is Mode.REASONED
     assert answer.path_finder == CYPHER  # community Neo4j here: no GDS
     assert {"commercial proposal", "executable contract"} <= {s.key for s in answer.seeds}
@@ -332,44 +339,51 @@ async def test_vector_only_is_pulled_to_the_transformation_documents(
     assert {c.hit.document_id for c in answer.chunks} & {"digital", "cloud"}
 
 
+@GRAPH_METHODS
 async def test_unproven_relations_alone_never_make_an_answer_reasoned(
-    engine: KnowledgeEngine, graph_db, tenant: str
+    engine: KnowledgeEngine, graph_db, tenant: str, method: str
 ) -> None:
     await build_graph(graph_db, tenant)
     await index_chunks(engine.chunks, tenant)
     # Only the unproven shortcut joins these two: the answer is anchored, not reasoned.
     question = "How does digital transformation relate to an executable contract?"
-    answer = await engine.ask(tenant, question, 4, "graph-first")
+    answer = await engine.ask(tenant, question, 4, method)
     assert answer.mode is Mode.ANCHORED
     assert answer.paths == []
     assert invariant_violations(answer) == []
     assert answer.chunks and all(c.hit.context_id for c in answer.chunks)
 
 
-async def test_modes_degrade_gracefully(engine: KnowledgeEngine, built: str) -> None:
-    anchored = await engine.ask(built, "Tell me about AI-assisted cloud transformation", 3, "")
+@pytest.mark.parametrize("method", ["", "graph-ppr"])
+async def test_modes_degrade_gracefully(engine: KnowledgeEngine, built: str, method: str) -> None:
+    anchored = await engine.ask(built, "Tell me about AI-assisted cloud transformation", 3, method)
     assert anchored.mode is Mode.ANCHORED
     assert anchored.chunks[0].hit.document_id == "cloud"
     assert anchored.chunks[0].plan_weight > 0
-    nothing = await engine.ask(built, "Zebras graze quietly at dawn", 3, "graph-first")
+    nothing = await engine.ask(built, "Zebras graze quietly at dawn", 3, method or "graph-first")
     assert nothing.mode is Mode.TEXT_ONLY
     assert nothing.reads == ["graph", "vector"]  # I1: the graph was asked first, even here
     assert nothing.seeds == [] and not nothing.plan
     assert len(nothing.chunks) == 3 and all(c.plan_weight == 0 for c in nothing.chunks)
+    propagate = ["propagate"] if method == "graph-ppr" else []
     for answer in (anchored, nothing):
         assert invariant_violations(answer) == []
         assert [s for s, _ in answer.stages.timings] == [
             "seeds",
             "paths",
+            *propagate,
             "plan",
             "embed",
             "vector",
         ]
 
 
-async def test_tenants_never_see_each_other(engine: KnowledgeEngine, built: str) -> None:
+@GRAPH_METHODS
+async def test_tenants_never_see_each_other(
+    engine: KnowledgeEngine, built: str, method: str
+) -> None:
     other = f"{built}-other"
-    answer = await engine.ask(other, QUESTION, 4, "graph-first")
+    answer = await engine.ask(other, QUESTION, 4, method)
     assert answer.mode is Mode.TEXT_ONLY
     assert answer.seeds == [] and answer.paths == [] and answer.chunks == []
 

@@ -47,6 +47,10 @@ MAX_BRIDGE_SECTIONS = 20
 BRIDGE_SHARE = 0.5
 PATH_SHARE = 1.0
 MAX_PLAN_SECTIONS = 200
+#: graph-ppr: the sections the walk ranks that enter the plan, and how much a section's plan
+#: weight adds to a chunk's cosine there (tuned on the dev sets, see docs/benchmarks.md).
+PPR_SECTIONS = 200
+PPR_FUSION = 1.0
 #: How much a section's plan weight adds to a chunk's cosine similarity.
 FUSION = 0.5
 
@@ -58,6 +62,8 @@ class Seed:
     weight: float
     sections: int
     topic: bool
+    #: Part of a longer seed of the same question (its weight was halved for it).
+    subsumed: bool = False
 
 
 @dataclass
@@ -66,6 +72,8 @@ class EvidencePlan:
 
     weights: dict[str, float] = field(default_factory=dict)
     documents: dict[str, str] = field(default_factory=dict)
+    #: How much a section's weight adds to the cosine of its chunks (`fused_score`).
+    fusion: float = FUSION
 
     def ordered(self) -> list[str]:
         return sorted(self.weights, key=lambda c: (-self.weights[c], c))
@@ -95,9 +103,10 @@ def seeds_of(rows: Iterable[ConceptRow], total_sections: int) -> list[Seed]:
     seeds = []
     for row in found:
         weight = specificity(row.sections, total_sections)
-        if any(_contained(row.key, other) for other in keys):
+        subsumed = any(_contained(row.key, other) for other in keys)
+        if subsumed:
             weight *= SUBSUMED_FACTOR
-        seeds.append(Seed(row.key, row.name, weight, row.sections, row.topic))
+        seeds.append(Seed(row.key, row.name, weight, row.sections, row.topic, subsumed))
     seeds.sort(key=lambda s: (-s.weight, -len(s.key), s.key))
     return seeds[:MAX_SEEDS]
 
@@ -164,20 +173,47 @@ def combine(
         raw[context_id] += BRIDGE_SHARE * value
     for context_id, value in path_routes.items():
         raw[context_id] += BRIDGE_SHARE * value
+    _add_path_evidence(raw, paths, documents)
+    return _plan_of(raw, documents, MAX_PLAN_SECTIONS)
+
+
+def propagated(
+    walked: Mapping[str, float], documents: dict[str, str], paths: Sequence[Path]
+) -> EvidencePlan:
+    """graph-ppr's plan: the sections by the square root of their walk score normalised to a
+    maximum of 1 (walk scores fall by orders of magnitude per hop; the root keeps the second
+    hop within reach of the cosine), plus the selected paths' evidence."""
+    raw: dict[str, float] = defaultdict(float)
+    for context_id, value in _normalised(walked).items():
+        raw[context_id] += math.sqrt(value)
+    _add_path_evidence(raw, paths, documents)
+    plan = _plan_of(raw, documents, PPR_SECTIONS)
+    plan.fusion = PPR_FUSION
+    return plan
+
+
+def _add_path_evidence(
+    raw: dict[str, float], paths: Sequence[Path], documents: dict[str, str]
+) -> None:
+    """Each evidence section of a selected path's edges gets `PATH_SHARE` × the path's score."""
     for path in paths:
         for edge in path.edges:
             for evidence in edge.evidence:
                 raw[evidence.context_id] += PATH_SHARE * path.score
                 if evidence.document_id:
                     documents.setdefault(evidence.context_id, evidence.document_id)
+
+
+def _plan_of(raw: Mapping[str, float], documents: Mapping[str, str], size: int) -> EvidencePlan:
+    """The `size` heaviest sections, normalised to a maximum weight of 1."""
     weights = _normalised(raw)
-    kept = top_sections(weights, MAX_PLAN_SECTIONS)
+    kept = top_sections(weights, size)
     return EvidencePlan(
         weights={c: round(weights[c], 6) for c in kept},
         documents={c: documents[c] for c in kept if c in documents},
     )
 
 
-def fused_score(semantic: float, plan_weight: float) -> float:
+def fused_score(semantic: float, plan_weight: float, fusion: float = FUSION) -> float:
     """A chunk's rank score: its cosine similarity raised by its section's plan weight."""
-    return semantic + FUSION * plan_weight
+    return semantic + fusion * plan_weight

@@ -1,4 +1,5 @@
-"""Yen's k-shortest paths with the Neo4j Graph Data Science plugin, when it is installed.
+"""Yen's k-shortest paths and Personalized PageRank with the Neo4j Graph Data Science plugin,
+when it is installed.
 
 Seed 001 §5.1 and D3: paths between seed concepts come from `gds.shortestPath.yens` over the
 tenant's semantic graph; without the plugin, `KnowledgeReads.cypher_paths` is the fallback.
@@ -13,6 +14,15 @@ tenant's semantic graph; without the plugin, `KnowledgeReads.cypher_paths` is th
   relations change (`invalidate`, called on Pass 3 and deletion events).
 - Query: `gds.shortestPath.yens.stream` from each seed of a pair to the other, k paths each;
   rows give the node ids of each path, mapped back to concept keys in the same query.
+
+`GdsPageRank` is the plugin's side of `pml_search.propagation` (method `graph-ppr`): a second
+projection per tenant and replica, the concept ↔ section graph with the edge weights of
+`propagation` (mentions by salience, topics over their sections, `COVERS`, a concept and the
+topic of its key, evidenced relations), undirected; then `gds.pageRank.stream` with
+`sourceNodes` as [node, weight] pairs (each seed's specificity, shared between its concept and
+its topic) and the damping of `propagation`; the best sections are mapped back to context ids
+in the same query. It is dropped and projected again when the tenant's graph changes (any pass
+or deletion event, see `knowledge_consumers`).
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from typing import Any
 
 import structlog
 
+from pml_search import propagation
 from pml_search.knowledge_reads import RELATION_TYPES
 
 log = structlog.get_logger(__name__)
@@ -70,13 +81,75 @@ RETURN pair[0] AS source, pair[1] AS target, index, totalCost,
        [n IN gds.util.asNodes(nodeIds) | n.canonical_name] AS nodes
 """
 
+PAGERANK_PROCEDURE = "gds.pageRank.stream"
+
+# The propagation graph of a tenant (see `pml_search.propagation` for the weights).
+_PROJECT_PROPAGATION = """
+CALL () {
+  MATCH (c:CanonicalConcept {tenant_id: $tenant})-[m:MENTIONED_IN]->
+        (s:SectionContext {tenant_id: $tenant})
+  RETURN c AS a, s AS b, coalesce(m.salience, 0.0) AS weight
+  UNION ALL
+  MATCH (s:SectionContext {tenant_id: $tenant})
+  UNWIND coalesce(s.topic_ids, []) AS topic_id
+  MATCH (t:Topic {tenant_id: $tenant, topic_id: topic_id})
+  RETURN t AS a, s AS b, $topic_section AS weight
+  UNION ALL
+  MATCH (t:Topic {tenant_id: $tenant})-[r:COVERS]->(c:CanonicalConcept {tenant_id: $tenant})
+  RETURN t AS a, c AS b, $covers_share * coalesce(r.confidence, 1.0) AS weight
+  UNION ALL
+  MATCH (t:Topic {tenant_id: $tenant})
+  MATCH (c:CanonicalConcept {tenant_id: $tenant, canonical_name: t.topic_id})
+  RETURN c AS a, t AS b, $same_key AS weight
+  UNION ALL
+  MATCH (x:CanonicalConcept {tenant_id: $tenant})-[r]->(y:CanonicalConcept {tenant_id: $tenant})
+  WHERE type(r) IN $types AND r.tenant_id = $tenant
+    AND size(coalesce(r.evidence_context_ids, r.evidence_ids, [])) > 0
+    AND size(coalesce(r.evidence_quotes, [])) > 0
+  RETURN x AS a, y AS b, $relation_share * coalesce(r.confidence, 0.0) AS weight
+}
+WITH a, b, weight
+WHERE weight > 0
+WITH gds.graph.project(
+  $graph, a, b,
+  {relationshipProperties: {weight: weight}},
+  {undirectedRelationshipTypes: ['*']}
+) AS g
+RETURN g.nodeCount AS nodes, g.relationshipCount AS relationships
+"""
+
+# The walk from the seeds ([key, weight] pairs; a key names a concept, a topic or both, each
+# node of the projection), the best sections kept.
+_PAGERANK = """
+UNWIND $seeds AS seed
+OPTIONAL MATCH (c:CanonicalConcept {tenant_id: $tenant, canonical_name: seed[0]})
+  WHERE EXISTS { (c)-[:MENTIONED_IN]->(:SectionContext) }
+OPTIONAL MATCH (t:Topic {tenant_id: $tenant, topic_id: seed[0]})
+  WHERE EXISTS { (:Document {tenant_id: $tenant})-[:HAS_TOPIC]->(t) }
+WITH seed, [n IN [c, t] WHERE n IS NOT NULL] AS nodes
+UNWIND nodes AS n
+WITH collect([n, seed[1] / size(nodes)]) AS sources
+WHERE size(sources) > 0
+CALL gds.pageRank.stream($graph, {
+  sourceNodes: sources, dampingFactor: $damping, maxIterations: $iterations,
+  tolerance: $tolerance, relationshipWeightProperty: 'weight'
+})
+YIELD nodeId, score
+WITH gds.util.asNode(nodeId) AS n, score
+WHERE n:SectionContext AND score > 0
+RETURN n.context_id AS context_id, n.document_id AS document_id, score
+ORDER BY score DESC, context_id
+LIMIT $limit
+"""
+
 Reader = Callable[..., Awaitable[Sequence[Mapping[str, Any]]]]
 
 
-def graph_name(replica: str, tenant: str) -> str:
-    """The projection of `tenant` held for this search replica."""
+def graph_name(replica: str, tenant: str, kind: str = "semantic") -> str:
+    """The projection of `tenant` held for this search replica (`semantic` for Yen,
+    `propagation` for PageRank)."""
     digest = hashlib.sha256(f"{replica}\x00{tenant}".encode()).hexdigest()[:24]
-    return f"pml-semantic-{digest}"
+    return f"pml-{kind}-{digest}"
 
 
 def paths_of_rows(rows: Sequence[Mapping[str, Any]], max_hops: int) -> list[tuple[str, ...]]:
@@ -134,6 +207,62 @@ class GdsPaths:
         await self._read(_DROP, graph=graph)
         rows = await self._read(
             _PROJECT, tenant=tenant, graph=graph, types=RELATION_TYPES, min_cost=MIN_COST
+        )
+        relationships = int(rows[0]["relationships"] or 0) if rows else 0
+        self._projected[tenant] = relationships > 0
+        log.info("knowledge.gds_projected", graph=graph, relationships=relationships)
+
+
+class GdsPageRank:
+    """Personalized PageRank through GDS, one projection per tenant, kept until invalidated."""
+
+    def __init__(self, read: Reader, replica: str) -> None:
+        self._read = read
+        self._replica = replica
+        # tenant -> whether its projection holds any relationship
+        self._projected: dict[str, bool] = {}
+
+    def invalidate(self, tenant: str) -> None:
+        """The tenant's graph changed: project again on its next question."""
+        self._projected.pop(tenant, None)
+
+    async def sections(
+        self, tenant: str, seeds: Sequence[tuple[str, float]], limit: int
+    ) -> tuple[dict[str, float], dict[str, str]]:
+        """The `limit` sections the walk from `seeds` (key, weight) reaches most, with their
+        documents."""
+        if not seeds:
+            return {}, {}
+        graph = graph_name(self._replica, tenant, "propagation")
+        if tenant not in self._projected:
+            await self._project(tenant, graph)
+        if not self._projected[tenant]:
+            return {}, {}
+        rows = await self._read(
+            _PAGERANK,
+            tenant=tenant,
+            graph=graph,
+            seeds=[[key, weight] for key, weight in seeds],
+            damping=propagation.DAMPING,
+            iterations=propagation.MAX_ITERATIONS,
+            tolerance=propagation.TOLERANCE,
+            limit=limit,
+        )
+        scores = {str(r["context_id"]): float(r["score"]) for r in rows}
+        documents = {str(r["context_id"]): str(r["document_id"] or "") for r in rows}
+        return scores, documents
+
+    async def _project(self, tenant: str, graph: str) -> None:
+        await self._read(_DROP, graph=graph)
+        rows = await self._read(
+            _PROJECT_PROPAGATION,
+            tenant=tenant,
+            graph=graph,
+            types=RELATION_TYPES,
+            topic_section=propagation.TOPIC_SECTION,
+            covers_share=propagation.COVERS_SHARE,
+            same_key=propagation.SAME_KEY,
+            relation_share=propagation.RELATION_SHARE,
         )
         relationships = int(rows[0]["relationships"] or 0) if rows else 0
         self._projected[tenant] = relationships > 0

@@ -4,6 +4,12 @@
     the Cypher fallback), scored by §8bis ─plan→ evidence plan (SectionContexts) ─vector→ the
     chunks of the plan's sections nearest the question, ranked by semantic × plan weight
 
+Methods: `graph-first` plans evidence by anchoring the seeds and one bridge hop
+(`evidence_plan`); `graph-ppr` ranks the sections by a Personalized PageRank from the seeds over
+the concept ↔ section graph (`propagation`, GDS `pageRank` when the plugin is present) and plans
+the best of them; `vector` is the plain baseline. Both graph methods search paths the same way
+and share every invariant below.
+
 Modes (§2.2, §8bis): REASONED when a selected path has evidence on its edges; ANCHORED when
 there is no such path but the question's concepts anchor it in the graph (mentions, topics);
 TEXT_ONLY when nothing of the question is in the graph, answered by plain vector search. The
@@ -38,15 +44,18 @@ from pml_common.concepts import ngram_keys
 from pml_search import evidence_plan as planning
 from pml_search.chunk_index import ChunkHit, ChunkIndex
 from pml_search.evidence_plan import EvidencePlan, Seed
-from pml_search.gds import GdsPaths
+from pml_search.gds import GdsPageRank, GdsPaths
 from pml_search.knowledge_reads import PATHS_PER_PAIR, KnowledgeReads, Route
 from pml_search.paths import MAX_HOPS, Edge, Mode, Path, answer_mode, build_path, select_paths
+from pml_search.propagation import Propagation, restart_weights
 
 _tracer = trace.get_tracer("pml_search.knowledge")
 
 GRAPH_FIRST = "graph-first"
+GRAPH_PPR = "graph-ppr"
 VECTOR = "vector"
-METHODS = (GRAPH_FIRST, VECTOR)
+METHODS = (GRAPH_FIRST, VECTOR, GRAPH_PPR)
+GRAPH_METHODS = (GRAPH_FIRST, GRAPH_PPR)
 #: Seeds whose pairs are searched for paths (the strongest with semantic relations).
 PATH_SEEDS = 6
 #: Chunks of the plan's sections scored per requested chunk (and at least `MIN_PLAN_CHUNKS`).
@@ -54,6 +63,9 @@ PLAN_CHUNKS_PER_K = 8
 MIN_PLAN_CHUNKS = 64
 GDS_YEN = "gds-yen"
 CYPHER = "cypher"
+#: Who ran the propagation of `graph-ppr`.
+GDS_PAGERANK = "gds-pagerank"
+SCIPY = "scipy"
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,8 @@ class Answer:
     chunks: list[RankedChunk]
     path_finder: str
     stages: Stages
+    #: `graph-ppr` only: who ran the walk (`GDS_PAGERANK` or `SCIPY`), "" otherwise.
+    propagation: str = ""
     #: Store reads in the order they happened ("graph" / "vector"), for invariant I1.
     reads: list[str] = field(default_factory=list)
 
@@ -97,10 +111,19 @@ class Answer:
 class KnowledgeEngine:
     """Everything `Ask` does, independent of gRPC."""
 
-    def __init__(self, reads: KnowledgeReads, gds: GdsPaths, chunks: ChunkIndex) -> None:
+    def __init__(
+        self,
+        reads: KnowledgeReads,
+        gds: GdsPaths,
+        chunks: ChunkIndex,
+        propagation: Propagation | None = None,
+        gds_pagerank: GdsPageRank | None = None,
+    ) -> None:
         self.reads = reads
         self.gds = gds
         self.chunks = chunks
+        self.propagation = propagation or Propagation(reads)
+        self.gds_pagerank = gds_pagerank
 
     async def ask(self, tenant: str, question: str, k: int, method: str) -> Answer:
         stages = Stages()
@@ -108,7 +131,8 @@ class KnowledgeEngine:
         try:
             if method == VECTOR:
                 return await self._vector_only(tenant, k, embedding, stages)
-            return await self._graph_first(tenant, question, k, embedding, stages)
+            graph_method = GRAPH_PPR if method == GRAPH_PPR else GRAPH_FIRST
+            return await self._graph_first(tenant, question, k, embedding, stages, graph_method)
         finally:
             if not embedding.done():
                 embedding.cancel()
@@ -140,12 +164,15 @@ class KnowledgeEngine:
         k: int,
         embedding: asyncio.Task[np.ndarray],
         stages: Stages,
+        method: str = GRAPH_FIRST,
     ) -> Answer:
-        answer = Answer(Mode.TEXT_ONLY, GRAPH_FIRST, [], [], EvidencePlan(), [], "", stages)
+        answer = Answer(Mode.TEXT_ONLY, method, [], [], EvidencePlan(), [], "", stages)
         with stages.stage("seeds") as span:
             answer.reads.append("graph")
             keys = ngram_keys(question)
-            rows, routes = await self.reads.anchors(tenant, keys, planning.ROUTES_PER_KEY)
+            # graph-ppr walks the cached graph instead of following the seeds' routes
+            per_key = 0 if method == GRAPH_PPR else planning.ROUTES_PER_KEY
+            rows, routes = await self.reads.anchors(tenant, keys, per_key)
             total = await self.reads.section_count(tenant)
             answer.seeds = planning.seeds_of(rows, total)
             span.set_attribute("pml.seeds", len(answer.seeds))
@@ -154,8 +181,16 @@ class KnowledgeEngine:
             answer.paths, answer.path_finder = await self._paths(tenant, answer.seeds, degrees)
             span.set_attribute("pml.paths", len(answer.paths))
             span.set_attribute("pml.path_finder", answer.path_finder)
+        if method == GRAPH_PPR:
+            with stages.stage("propagate") as span:
+                walked, documents, answer.propagation = await self._propagate(tenant, answer.seeds)
+                span.set_attribute("pml.propagation", answer.propagation)
+                span.set_attribute("pml.walked_sections", len(walked))
         with stages.stage("plan") as span:
-            answer.plan = await self._plan(tenant, answer.seeds, routes, answer.paths, total)
+            if method == GRAPH_PPR:
+                answer.plan = planning.propagated(walked, documents, answer.paths)
+            else:
+                answer.plan = await self._plan(tenant, answer.seeds, routes, answer.paths, total)
             span.set_attribute("pml.plan_sections", len(answer.plan.weights))
         answer.mode = answer_mode(answer.paths, anchored=bool(answer.plan))
         with stages.stage("embed"):
@@ -195,6 +230,19 @@ class KnowledgeEngine:
                 built.append(Path(path.nodes, path.edges, degrees))
         return select_paths(built)
 
+    async def _propagate(
+        self, tenant: str, seeds: Sequence[Seed]
+    ) -> tuple[dict[str, float], dict[str, str], str]:
+        """The sections a walk from the seeds reaches most (context id → score), their
+        documents, and who ran the walk: GDS when the plugin is present, else scipy here."""
+        limit = planning.PPR_SECTIONS
+        if self.gds_pagerank is not None and await self.gds.available():
+            weighted = restart_weights(seeds)
+            walked, documents = await self.gds_pagerank.sections(tenant, weighted, limit)
+            return walked, documents, GDS_PAGERANK
+        walked, documents = await self.propagation.sections(tenant, seeds, limit)
+        return walked, documents, SCIPY
+
     async def _plan(
         self,
         tenant: str,
@@ -231,7 +279,7 @@ class KnowledgeEngine:
             ranked = [
                 RankedChunk(
                     h,
-                    planning.fused_score(h.score, plan.weight(h.context_id)),
+                    planning.fused_score(h.score, plan.weight(h.context_id), plan.fusion),
                     h.score,
                     plan.weight(h.context_id),
                 )
@@ -268,7 +316,7 @@ def _edge_rank(edge: Edge) -> tuple[bool, float, str]:
 def invariant_violations(answer: Answer) -> list[str]:
     """Which of seed 001's invariants (§9, §8bis) an answer breaks; [] when it holds them."""
     broken = []
-    if answer.method == GRAPH_FIRST and (not answer.reads or answer.reads[0] != "graph"):
+    if answer.method in GRAPH_METHODS and (not answer.reads or answer.reads[0] != "graph"):
         broken.append("I1: the vector store was read before the graph")
     if answer.mode is Mode.REASONED:
         if not answer.paths:

@@ -2,18 +2,42 @@
 `search-knowledge-<consumer_name>` (created at the streams' end, destroyed on shutdown, as the
 cache group of `consumers`).
 
-The GDS projection of a tenant's semantic graph (`pml_search.gds`) is this replica's cache of
-the relations Pass 3 writes: `Pass3Completed`, `DocumentDeleted` and `TenantDeleted` make it
-project the tenant again on its next question.
+This replica caches two reads of a tenant's knowledge graph, each dropped when what it holds
+changes, and read again on the tenant's next question:
+
+- the GDS projection of its semantic relations (`pml_search.gds.GdsPaths`), written by Pass 3:
+  dropped on `Pass3Completed`, `DocumentDeleted` and `TenantDeleted`;
+- its concept ↔ section graph for propagation (`pml_search.propagation.Propagation` and its GDS
+  projection `GdsPageRank`), which every pass writes into (mentions in Pass 1, topics and
+  `COVERS` in Pass 2a, relations in Pass 3): dropped on `Pass1Completed` and `Pass2aCompleted`
+  too.
 """
 
 from __future__ import annotations
 
-from pml_common.bus import EventBus
-from pml_common.events import DocumentDeleted, Event, Pass3Completed, TenantDeleted
-from pml_search.gds import GdsPaths
+from typing import Protocol
 
-KNOWLEDGE_CACHE_EVENTS: tuple[type[Event], ...] = (Pass3Completed, DocumentDeleted, TenantDeleted)
+from pml_common.bus import EventBus
+from pml_common.events import (
+    DocumentDeleted,
+    Event,
+    Pass1Completed,
+    Pass2aCompleted,
+    Pass3Completed,
+    TenantDeleted,
+)
+
+#: Events that change a tenant's semantic relations.
+RELATION_EVENTS: tuple[type[Event], ...] = (Pass3Completed, DocumentDeleted, TenantDeleted)
+KNOWLEDGE_CACHE_EVENTS: tuple[type[Event], ...] = (
+    Pass1Completed,
+    Pass2aCompleted,
+    *RELATION_EVENTS,
+)
+
+
+class TenantGraphCache(Protocol):
+    def invalidate(self, tenant: str) -> None: ...
 
 
 def knowledge_group(consumer_name: str) -> str:
@@ -21,15 +45,19 @@ def knowledge_group(consumer_name: str) -> str:
 
 
 class KnowledgeConsumers:
-    def __init__(self, gds: GdsPaths) -> None:
-        self._gds = gds
+    def __init__(self, relations: TenantGraphCache, *graphs: TenantGraphCache) -> None:
+        self._relations = relations
+        self._graphs = graphs
 
     def subscribe(self, bus: EventBus, consumer_name: str) -> str:
         """Subscribe this replica's group; returns its name."""
         group = knowledge_group(consumer_name)
         for event_type in KNOWLEDGE_CACHE_EVENTS:
-            bus.subscribe(event_type, group, self.on_relations_changed, dedupe=False)
+            bus.subscribe(event_type, group, self.on_graph_changed, dedupe=False)
         return group
 
-    async def on_relations_changed(self, event: Event) -> None:
-        self._gds.invalidate(event.tenant_id)
+    async def on_graph_changed(self, event: Event) -> None:
+        if isinstance(event, RELATION_EVENTS):
+            self._relations.invalidate(event.tenant_id)
+        for graph in self._graphs:
+            graph.invalidate(event.tenant_id)

@@ -15,6 +15,9 @@ every value from a request reaches Neo4j as a parameter.
 - `cypher_paths`: up to `PATHS_PER_PAIR` shortest paths (1 to 3 hops) between pairs of concepts
   over the semantic relations (the fallback of GDS Yen, §5.1).
 - `edges`: the stored relations between pairs of concepts, with their evidence.
+- `graph`: the whole concept ↔ section graph of a tenant, for propagation
+  (`pml_search.propagation`): each section's mentions and topics, each topic's `COVERS`, each
+  evidenced semantic relation.
 """
 
 from __future__ import annotations
@@ -137,6 +140,35 @@ RETURN DISTINCT startNode(r).canonical_name AS source, type(r) AS relation,
        coalesce(r.evidence_document_ids, []) AS document_ids
 """
 
+# The propagation graph (`graph`), one record per section, per topic and per relation: a section
+# with its document, topics and mentions ([concept key, salience] pairs).
+_GRAPH_SECTIONS = """
+MATCH (s:SectionContext {tenant_id: $tenant})
+OPTIONAL MATCH (c:CanonicalConcept {tenant_id: $tenant})-[m:MENTIONED_IN]->(s)
+WITH s, collect(CASE WHEN c IS NULL THEN null
+                     ELSE [c.canonical_name, coalesce(m.salience, 0.0)] END) AS mentions
+WITH s, mentions,
+     [t IN coalesce(s.topic_ids, [])
+      WHERE EXISTS { MATCH (:Topic {tenant_id: $tenant, topic_id: t}) }] AS topics
+RETURN [s.context_id, s.document_id, topics, mentions] AS row
+"""
+
+_GRAPH_COVERS = """
+MATCH (t:Topic {tenant_id: $tenant})-[r:COVERS]->(c:CanonicalConcept {tenant_id: $tenant})
+WITH t, collect([c.canonical_name, coalesce(r.confidence, 1.0)]) AS covered
+RETURN [t.topic_id, covered] AS row
+"""
+
+# Only relations with evidence (a section and a quote): an unproven relation never carries a
+# walk, as it never makes a path (invariant I2).
+_GRAPH_RELATIONS = """
+MATCH (a:CanonicalConcept {tenant_id: $tenant})-[r]->(b:CanonicalConcept {tenant_id: $tenant})
+WHERE type(r) IN $types AND r.tenant_id = $tenant
+  AND size(coalesce(r.evidence_context_ids, r.evidence_ids, [])) > 0
+  AND size(coalesce(r.evidence_quotes, [])) > 0
+RETURN [a.canonical_name, b.canonical_name, coalesce(r.confidence, 0.0)] AS row
+"""
+
 _DEGREES = """
 UNWIND $keys AS key
 MATCH (c:CanonicalConcept {tenant_id: $tenant, canonical_name: key})
@@ -174,6 +206,40 @@ class Bridge:
     seen_in: dict[str, float]
     sections: int
     topic: bool
+
+
+@dataclass(frozen=True)
+class SectionRow:
+    """A section of the propagation graph: its mentions (concept key → salience) and topics."""
+
+    context_id: str
+    document_id: str
+    topic_ids: tuple[str, ...]
+    concepts: dict[str, float]
+
+
+@dataclass(frozen=True)
+class CoverRow:
+    """A topic's `COVERS`: concept key → confidence."""
+
+    topic_id: str
+    concepts: dict[str, float]
+
+
+@dataclass(frozen=True)
+class RelationRow:
+    """An evidenced semantic relation between two concepts, by its confidence."""
+
+    source: str
+    target: str
+    weight: float
+
+
+@dataclass(frozen=True)
+class GraphRows:
+    sections: list[SectionRow]
+    covers: list[CoverRow]
+    relations: list[RelationRow]
 
 
 class KnowledgeReads:
@@ -268,6 +334,22 @@ class KnowledgeReads:
         rows = await self._read(_DEGREES, tenant=tenant, keys=list(keys), types=RELATION_TYPES)
         return {r["key"]: int(r["degree"]) for r in rows}
 
+    async def graph(self, tenant: str) -> GraphRows:
+        """The tenant's concept ↔ section graph (sections, covers, evidenced relations)."""
+        sections = await self._read(_GRAPH_SECTIONS, tenant=tenant)
+        covers = await self._read(_GRAPH_COVERS, tenant=tenant)
+        relations = await self._read(_GRAPH_RELATIONS, tenant=tenant, types=RELATION_TYPES)
+        return GraphRows(
+            sections=[_section_row(r["row"]) for r in sections],
+            covers=[
+                CoverRow(str(topic), _weights(covered))
+                for topic, covered in (r["row"] for r in covers)
+            ],
+            relations=[
+                RelationRow(str(a), str(b), float(w)) for a, b, w in (r["row"] for r in relations)
+            ],
+        )
+
     async def read(self, query: str, **params: Any) -> list[neo4j.Record]:
         """Another read-only query (GDS procedures, see `pml_search.gds`)."""
         return await self._read(query, **params)
@@ -277,6 +359,24 @@ class KnowledgeReads:
             query, params, database_=self._database, routing_=neo4j.RoutingControl.READ
         )
         return list(records)
+
+
+def _weights(pairs: Sequence[Sequence[Any]]) -> dict[str, float]:
+    """[key, weight] pairs as key → weight (a key twice keeps its largest weight)."""
+    found: dict[str, float] = {}
+    for key, weight in pairs:
+        found[str(key)] = max(float(weight or 0.0), found.get(str(key), 0.0))
+    return found
+
+
+def _section_row(row: Sequence[Any]) -> SectionRow:
+    context_id, document_id, topic_ids, mentions = row
+    return SectionRow(
+        context_id=str(context_id),
+        document_id=str(document_id or ""),
+        topic_ids=tuple(str(t) for t in topic_ids),
+        concepts=_weights(mentions),
+    )
 
 
 def _route(key: str, row: Sequence[Any]) -> Route:

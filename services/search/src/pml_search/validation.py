@@ -255,7 +255,7 @@ def _names(values: Sequence[str]) -> str:
 #: Evidence chunks an Ask returns when `k` is 0, and the most it may ask for.
 DEFAULT_ASK_K = 8
 MAX_ASK_K = 50
-ASK_METHODS = ("graph-first", "vector")
+ASK_METHODS = ("graph-first", "vector", "graph-ppr")
 
 
 def question_of(question: str, settings: Settings) -> str:
@@ -272,7 +272,8 @@ def ask_k_of(k: int) -> int:
 
 
 def ask_method_of(method: str) -> str:
-    """`graph-first` (the default, also for "") or `vector` (the plain baseline)."""
+    """`graph-first` (the default, also for ""), `graph-ppr` (graph-first with propagation) or
+    `vector` (the plain baseline)."""
     value = method.strip().lower() or ASK_METHODS[0]
     if value not in ASK_METHODS:
         raise invalid_argument(

@@ -1,0 +1,296 @@
+"""Propagation from the question: Personalized PageRank over the concept ↔ section graph.
+
+The `graph-ppr` method of Ask (issue 14, item 1) ranks a tenant's SectionContexts by a random
+walk that starts from the question's seed concepts, as HippoRAG does over its passage graph.
+The walk runs on the graph of seed 001 §3, read as one undirected, weighted graph:
+
+- concept — section, for each `MENTIONED_IN`, weighted by the mention's salience;
+- topic — section, for a section under a topic (its `topic_ids`), weight `TOPIC_SECTION`;
+- topic — concept, for each `COVERS`, weighted by its confidence × `COVERS_SHARE`;
+- concept — topic of the same key (a document's title named as a concept in another's text),
+  weight `SAME_KEY`;
+- concept — concept, for each evidenced semantic relation (Pass 3; never one without evidence,
+  invariant I2), weighted by its confidence × `RELATION_SHARE`.
+
+At each step the walker follows an edge of its node with probability proportional to the
+edge's weight, or, with probability 1 − `DAMPING`, restarts on a seed drawn by the seeds'
+restart weights (`restart_weights`): the inverse of the number of sections that mention the
+seed (HippoRAG's node specificity), halved for a seed inside a longer one, and `TOPIC_SEED`
+times more for a seed that names a structural topic (a heading: in a corpus of articles, the
+title of the one the question is about). The stationary probability of each section is its
+score: a section is high when many short, specific routes lead to it from the seeds, which is
+where the unnamed bridge entity of a multi-hop question is written.
+
+Two implementations give the same ranking: the GDS plugin's `gds.pageRank` with weighted
+`sourceNodes` when it is installed (`pml_search.gds.GdsPageRank`), else power iteration here on
+a scipy.sparse CSR matrix. The in-process graph is read once per tenant and kept in a
+`TenantCache` bounded by `CACHE_MAX_WEIGHT` (nodes plus edges over all tenants), dropped when the
+tenant's graph changes (`invalidate`, called from `knowledge_consumers` on the pass and deletion
+events) and read again on its next question; reading it costs one pass over the tenant's
+mentions, then a question costs a few sparse products.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import structlog
+from scipy import sparse
+
+from pml_common.tenant_cache import TenantCache
+from pml_search.evidence_plan import SUBSUMED_FACTOR, Seed
+from pml_search.knowledge_reads import GraphRows, KnowledgeReads
+
+log = structlog.get_logger(__name__)
+
+#: Probability of following an edge rather than restarting on a seed (HippoRAG: 0.5). A
+#: bridge section is three steps from a seed concept (seed → section → bridge concept →
+#: section), so the walk must go further than HippoRAG's, whose entities link directly.
+DAMPING = 0.85
+#: Power iteration stops when the L1 change of the scores is below this, or after that many
+#: steps (0.85^100 ≈ 1e-7).
+TOLERANCE = 1e-6
+MAX_ITERATIONS = 100
+#: Restart weight of a seed that names a topic, relative to a concept of the same frequency.
+TOPIC_SEED = 10.0
+#: Edge weights besides salience (see the module doc).
+TOPIC_SECTION = 1.0
+COVERS_SHARE = 0.5
+SAME_KEY = 1.0
+RELATION_SHARE = 1.0
+#: Nodes plus edges kept over all tenants (MuSiQue's 1,890 documents weigh about 10⁵).
+CACHE_MAX_WEIGHT = 2_000_000
+
+
+@dataclass(frozen=True)
+class PropagationGraph:
+    """One tenant's concept ↔ section graph, ready for power iteration.
+
+    Nodes are numbered concepts first, then topics, then sections; `walk` is the column-
+    stochastic transition matrix (column j: where a walker at node j goes; a node without
+    edges has an empty column, and its mass restarts on the seeds)."""
+
+    concepts: dict[str, int]
+    topics: dict[str, int]
+    sections: tuple[str, ...]
+    documents: tuple[str, ...]
+    walk: sparse.csr_array
+    edges: int
+
+    @property
+    def size(self) -> int:
+        return len(self.concepts) + len(self.topics) + len(self.sections)
+
+    @property
+    def first_section(self) -> int:
+        return len(self.concepts) + len(self.topics)
+
+    @property
+    def weight(self) -> int:
+        """Its cost in the cache: nodes plus edges (an empty graph counts as one)."""
+        return max(1, self.size + self.edges)
+
+    def seed_nodes(self, key: str) -> list[int]:
+        """The nodes a seed key names: its concept, its topic, or both."""
+        return [n for n in (self.concepts.get(key), self.topics.get(key)) if n is not None]
+
+
+class _Edges:
+    """Edge lists while a graph is built (one entry per direction is added at the end)."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.weights: list[float] = []
+
+    def add(self, a: int, b: int, weight: float) -> None:
+        if weight > 0 and a != b:
+            self.rows.append(a)
+            self.cols.append(b)
+            self.weights.append(weight)
+
+
+def build_graph(rows: GraphRows) -> PropagationGraph:
+    """The transition matrix of a tenant's graph from its rows (see `KnowledgeReads.graph`)."""
+    concept_keys = sorted(
+        {k for s in rows.sections for k in s.concepts}
+        | {k for c in rows.covers for k in c.concepts}
+        | {k for r in rows.relations for k in (r.source, r.target)}
+    )
+    concepts = {k: i for i, k in enumerate(concept_keys)}
+    topic_keys = sorted(
+        {t for s in rows.sections for t in s.topic_ids} | {c.topic_id for c in rows.covers}
+    )
+    topics = {t: len(concepts) + i for i, t in enumerate(topic_keys)}
+    first_section = len(concepts) + len(topics)
+    edges = _Edges()
+    for offset, section in enumerate(rows.sections):
+        node = first_section + offset
+        for key, salience in section.concepts.items():
+            edges.add(concepts[key], node, salience)
+        for topic in section.topic_ids:
+            edges.add(topics[topic], node, TOPIC_SECTION)
+    for cover in rows.covers:
+        for key, confidence in cover.concepts.items():
+            edges.add(topics[cover.topic_id], concepts[key], COVERS_SHARE * confidence)
+    for key, node in topics.items():
+        if key in concepts:
+            edges.add(concepts[key], node, SAME_KEY)
+    for relation in rows.relations:
+        edges.add(
+            concepts[relation.source], concepts[relation.target], RELATION_SHARE * relation.weight
+        )
+    walk = _transitions(edges, first_section + len(rows.sections))
+    return PropagationGraph(
+        concepts=concepts,
+        topics=topics,
+        sections=tuple(s.context_id for s in rows.sections),
+        documents=tuple(s.document_id for s in rows.sections),
+        walk=walk,
+        edges=len(edges.weights),
+    )
+
+
+def _transitions(edges: _Edges, size: int) -> sparse.csr_array:
+    """Column-stochastic matrix of the undirected graph: column j holds, for each neighbour i
+    of j, weight(i, j) / Σ weights of j (parallel edges add up)."""
+    rows = np.asarray(edges.rows + edges.cols, dtype=np.int64)
+    cols = np.asarray(edges.cols + edges.rows, dtype=np.int64)
+    weights = np.asarray(edges.weights + edges.weights, dtype=np.float64)
+    adjacency = sparse.coo_array((weights, (rows, cols)), shape=(size, size)).tocsc()
+    adjacency.sum_duplicates()
+    degree = np.asarray(adjacency.sum(axis=0)).ravel()
+    scale = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
+    return sparse.csr_array(adjacency @ sparse.diags_array(scale))
+
+
+def restart_weights(seeds: Iterable[Seed]) -> list[tuple[str, float]]:
+    """Each seed's share of the restarts, before normalisation (see the module doc)."""
+    weighted = []
+    for seed in seeds:
+        weight = 1.0 / max(1, seed.sections)
+        if seed.subsumed:
+            weight *= SUBSUMED_FACTOR
+        if seed.topic:
+            weight *= TOPIC_SEED
+        weighted.append((seed.key, weight))
+    return weighted
+
+
+def restart_vector(graph: PropagationGraph, seeds: Iterable[tuple[str, float]]) -> np.ndarray:
+    """The restart distribution: each (key, weight) on the nodes the key names, summing to 1
+    (all zeros when no seed is in the graph)."""
+    restart = np.zeros(graph.size, dtype=np.float64)
+    for key, weight in seeds:
+        nodes = graph.seed_nodes(key)
+        for node in nodes:
+            restart[node] += weight / len(nodes)
+    total = restart.sum()
+    return restart / total if total > 0 else restart
+
+
+def personalized_pagerank(
+    graph: PropagationGraph,
+    restart: np.ndarray,
+    damping: float = DAMPING,
+    tolerance: float = TOLERANCE,
+    max_iterations: int = MAX_ITERATIONS,
+) -> np.ndarray:
+    """Stationary distribution of the walk restarting on `restart` (power iteration); the mass
+    of dangling nodes restarts too, so the scores always sum to 1."""
+    scores = restart.copy()
+    if not restart.any():
+        return scores
+    for _ in range(max_iterations):
+        following = damping * (graph.walk @ scores)
+        following += (1.0 - following.sum()) * restart
+        change = float(np.abs(following - scores).sum())
+        scores = following
+        if change < tolerance:
+            break
+    return scores
+
+
+def section_scores(
+    graph: PropagationGraph, scores: np.ndarray, limit: int
+) -> tuple[dict[str, float], dict[str, str]]:
+    """The `limit` best sections with a positive score (context id → score) and their
+    documents."""
+    values = scores[graph.first_section :]
+    order = np.argsort(-values, kind="stable")[:limit]
+    ranked = {graph.sections[i]: float(values[i]) for i in order if values[i] > 0}
+    documents = {graph.sections[i]: graph.documents[i] for i in order if values[i] > 0}
+    return ranked, documents
+
+
+class Propagation:
+    """Each tenant's graph, read on its first question and kept until its graph changes."""
+
+    def __init__(self, reads: KnowledgeReads, capacity: int = CACHE_MAX_WEIGHT) -> None:
+        self._reads = reads
+        self._graphs: TenantCache[str, PropagationGraph] = TenantCache(
+            "knowledge-propagation", capacity, weigh=lambda g: g.weight
+        )
+        # Loads under way (one per tenant, shared by concurrent questions), and the tenants
+        # whose graph changed during their load: that read may be stale and is not kept.
+        self._loading: dict[str, asyncio.Task[PropagationGraph]] = {}
+        self._changed_while_loading: set[str] = set()
+
+    def invalidate(self, tenant: str) -> None:
+        """The tenant's graph changed: read it again on its next question."""
+        self._graphs.pop(tenant)
+        if tenant in self._loading:
+            self._changed_while_loading.add(tenant)
+
+    def cached(self, tenant: str) -> bool:
+        return tenant in self._graphs
+
+    async def graph(self, tenant: str) -> PropagationGraph:
+        cached = self._graphs.get(tenant)
+        if cached is not None:
+            return cached
+        task = self._loading.get(tenant)
+        if task is None:
+            task = asyncio.create_task(self._load(tenant))
+            self._loading[tenant] = task
+            task.add_done_callback(lambda _: self._loaded(tenant))
+        return await asyncio.shield(task)
+
+    def _loaded(self, tenant: str) -> None:
+        task = self._loading.pop(tenant)
+        stale = tenant in self._changed_while_loading
+        self._changed_while_loading.discard(tenant)
+        if not stale and not task.cancelled() and task.exception() is None:
+            self._graphs.put(tenant, task.result())
+
+    async def _load(self, tenant: str) -> PropagationGraph:
+        rows = await self._reads.graph(tenant)
+        graph = await asyncio.to_thread(build_graph, rows)
+        log.info(
+            "knowledge.propagation_graph_read",
+            tenant=tenant,
+            concepts=len(graph.concepts),
+            topics=len(graph.topics),
+            sections=len(graph.sections),
+            edges=graph.edges,
+        )
+        return graph
+
+    async def sections(
+        self, tenant: str, seeds: Sequence[Seed], limit: int
+    ) -> tuple[dict[str, float], dict[str, str]]:
+        """The sections the walk from `seeds` reaches most, best first, with their documents."""
+        graph = await self.graph(tenant)
+        restart = restart_vector(graph, restart_weights(seeds))
+        if not restart.any():
+            return {}, {}
+        scores = await asyncio.to_thread(personalized_pagerank, graph, restart)
+        return section_scores(graph, scores, limit)
+
+
+def normalised(scores: Mapping[str, float]) -> dict[str, float]:
+    top = max(scores.values(), default=0.0)
+    return {k: v / top for k, v in scores.items()} if top > 0 else {}

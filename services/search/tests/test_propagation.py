@@ -1,0 +1,380 @@
+"""Propagation from the question (`graph-ppr`): the walk itself, the cache of each tenant's graph,
+the GDS variant on recorded rows, and a planted two-hop corpus in the real Neo4j.
+
+The planted corpus is the shape of a multi-hop question: it names a journal and asks about the
+society that publishes it, which only the journal's own text names. A distractor document shares
+the question's words (association, journal, psychotherapy, integration, founded, year) and
+nothing else: plain vector search prefers it, the walk from the question's concepts goes through
+the journal's section to the society's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import neo4j
+import numpy as np
+import pytest
+
+from pml_common.concepts import canonical_key
+from pml_common.context_id import make_context_id
+from pml_common.embedding import build_embedder
+from pml_common.events import ChunkPayload, Pass1Completed
+from pml_common.settings import Settings
+from pml_search.chunk_index import ChunkIndex
+from pml_search.evidence_plan import SUBSUMED_FACTOR, Seed
+from pml_search.gds import PAGERANK_PROCEDURE, GdsPageRank, GdsPaths, graph_name
+from pml_search.knowledge import (
+    GDS_PAGERANK,
+    GRAPH_PPR,
+    SCIPY,
+    KnowledgeEngine,
+    invariant_violations,
+)
+from pml_search.knowledge_consumers import KnowledgeConsumers
+from pml_search.knowledge_reads import (
+    CoverRow,
+    GraphRows,
+    KnowledgeReads,
+    RelationRow,
+    SectionRow,
+)
+from pml_search.paths import Mode
+from pml_search.propagation import (
+    DAMPING,
+    TOPIC_SEED,
+    Propagation,
+    build_graph,
+    personalized_pagerank,
+    restart_vector,
+    restart_weights,
+)
+from pml_search.vector_store import QdrantVectorStore
+
+# --- the walk on a small graph ---------------------------------------------------------------
+
+ROWS = GraphRows(
+    sections=[
+        SectionRow("s1", "d1", ("t1",), {"a": 0.9, "b": 0.4}),
+        SectionRow("s2", "d2", (), {"b": 0.8, "c": 0.6}),
+        SectionRow("s3", "d3", (), {"c": 0.7}),
+        SectionRow("s4", "d4", (), {"d": 0.5}),
+    ],
+    covers=[CoverRow("t1", {"a": 0.8})],
+    relations=[RelationRow("c", "d", 0.6)],
+)
+
+
+def seed(key: str, weight: float = 1.0) -> tuple[str, float]:
+    return (key, weight)
+
+
+def dense_ppr(walk: np.ndarray, restart: np.ndarray, damping: float) -> np.ndarray:
+    """The closed form x = (1 − d) (I − d W)⁻¹ r, for a graph without dangling nodes."""
+    size = len(restart)
+    return (1 - damping) * np.linalg.solve(np.eye(size) - damping * walk, restart)
+
+
+def test_the_transition_matrix_is_column_stochastic_and_symmetric_in_its_edges() -> None:
+    graph = build_graph(ROWS)
+    walk = graph.walk.toarray()
+    np.testing.assert_allclose(walk.sum(axis=0), np.ones(graph.size))
+    # an edge is walked both ways: a→s1 and s1→a
+    a, s1 = graph.concepts["a"], graph.first_section
+    assert walk[s1, a] > 0 and walk[a, s1] > 0
+    # from concept a: s1 by salience 0.9, topic t1 by COVERS; nothing else
+    assert set(np.flatnonzero(walk[:, a])) == {s1, graph.topics["t1"]}
+    assert graph.sections == ("s1", "s2", "s3", "s4")
+
+
+def test_power_iteration_matches_the_closed_form() -> None:
+    graph = build_graph(ROWS)
+    restart = restart_vector(graph, [seed("a", 0.7), seed("c", 0.3)])
+    assert restart.sum() == pytest.approx(1.0)
+    scores = personalized_pagerank(graph, restart)
+    expected = dense_ppr(graph.walk.toarray(), restart, DAMPING)
+    np.testing.assert_allclose(scores, expected, atol=1e-6)
+    assert scores.sum() == pytest.approx(1.0)
+
+
+def test_the_walk_reaches_two_hops_and_fades_with_distance() -> None:
+    graph = build_graph(ROWS)
+    scores = personalized_pagerank(graph, restart_vector(graph, [seed("a")]))
+    section = dict(zip(graph.sections, scores[graph.first_section :], strict=True))
+    # s1 mentions a; s2 shares b with s1 (two hops); s3 shares c with s2 (four hops); s4 is
+    # reached only through the c—d relation
+    assert section["s1"] > section["s2"] > section["s3"] > section["s4"] > 0
+
+
+def test_seeds_outside_the_graph_give_no_walk() -> None:
+    graph = build_graph(ROWS)
+    restart = restart_vector(graph, [seed("unknown")])
+    assert not restart.any()
+    assert not personalized_pagerank(graph, restart).any()
+
+
+def test_restarts_favour_rare_seeds_whole_seeds_and_topics() -> None:
+    seeds = [
+        Seed("rare", "rare", 0.9, 1, False),
+        Seed("common", "common", 0.3, 20, False),
+        Seed("part", "part", 0.4, 1, False, subsumed=True),
+        Seed("title", "title", 0.8, 2, True),
+    ]
+    weights = dict(restart_weights(seeds))
+    assert weights["rare"] == 20 * weights["common"]
+    assert weights["part"] == SUBSUMED_FACTOR * weights["rare"]
+    assert weights["title"] == TOPIC_SEED * weights["rare"] / 2
+
+
+def test_a_key_naming_a_concept_and_a_topic_restarts_on_both() -> None:
+    rows = GraphRows(sections=[SectionRow("s1", "d1", ("x",), {"x": 0.5})], covers=[], relations=[])
+    graph = build_graph(rows)
+    restart = restart_vector(graph, [seed("x")])
+    assert restart[graph.concepts["x"]] == restart[graph.topics["x"]] == 0.5
+
+
+# --- the planted two-hop corpus, in the real Neo4j -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Doc:
+    doc_id: str
+    title: str
+    text: str
+    mentions: dict[str, float]  # concept name -> salience
+
+
+QUESTION = "In which year was the association that published the Journal of Psychotherapy "
+QUESTION += "Integration founded?"
+JOURNAL = Doc(
+    "journal",
+    "Journal of Psychotherapy Integration",
+    "The Journal of Psychotherapy Integration is a quarterly peer-reviewed periodical edited by "
+    "the Society for the Exploration of Psychotherapy Integration.",
+    {
+        "Journal of Psychotherapy Integration": 0.9,
+        "Society for the Exploration of Psychotherapy Integration": 0.7,
+        "journal": 0.3,
+        "psychotherapy": 0.3,
+    },
+)
+SOCIETY = Doc(
+    "society",
+    "Society for the Exploration of Psychotherapy Integration",
+    "The Society for the Exploration of Psychotherapy Integration (SEPI) is an interdisciplinary "
+    "organisation of clinicians, started in 1983 by a group of therapists.",
+    {"Society for the Exploration of Psychotherapy Integration": 0.9, "clinician": 0.4},
+)
+DISTRACTOR = Doc(
+    "distractor",
+    "Psychotherapy association",
+    "Which association published which psychotherapy journal, and the year each association was "
+    "founded: the integration of psychotherapy journals into associations.",
+    {"association": 0.8, "psychotherapy": 0.7, "journal": 0.6, "year": 0.3},
+)
+#: The generic words of the question are everywhere, as in a real corpus.
+FILLERS = tuple(
+    Doc(
+        f"filler{i}",
+        f"Clinic {i}",
+        f"Clinic {i} runs a psychotherapy journal club; its association meets every year.",
+        {f"clinic {i}": 0.9, "psychotherapy": 0.4, "journal": 0.4, "association": 0.3, "year": 0.2},
+    )
+    for i in range(6)
+)
+CORPUS = (JOURNAL, SOCIETY, DISTRACTOR, *FILLERS)
+
+
+def context_of(doc: Doc) -> str:
+    return make_context_id(doc.doc_id, doc.title)
+
+
+async def plant(driver: neo4j.AsyncDriver, tenant: str, docs: tuple[Doc, ...] = CORPUS) -> None:
+    """Each document as one section under the topic of its title, with its mentions."""
+    for doc in docs:
+        topic = canonical_key(doc.title)
+        await driver.execute_query(
+            "MERGE (d:Document {tenant_id: $t, document_id: $doc}) "
+            "SET d.title = $title, d.section_count = 1 "
+            "MERGE (x:Topic {tenant_id: $t, topic_id: $topic}) SET x.name = $title "
+            "MERGE (d)-[h:HAS_TOPIC {tenant_id: $t}]->(x) SET h.salience = 1.0 "
+            "MERGE (s:SectionContext {tenant_id: $t, context_id: $cid}) "
+            "SET s.document_id = $doc, s.section_path = $title, s.text = $text, "
+            "s.topic_ids = [$topic] "
+            "MERGE (s)-[:IN_DOC {tenant_id: $t}]->(d) "
+            "WITH s UNWIND $mentions AS m "
+            "MERGE (c:CanonicalConcept {tenant_id: $t, canonical_name: m[0]}) "
+            "SET c.name = m[1], c.concept_type = 'CONCEPT' "
+            "MERGE (c)-[r:MENTIONED_IN {tenant_id: $t}]->(s) "
+            "SET r.salience = m[2], r.document_id = $doc",
+            {
+                "t": tenant,
+                "doc": doc.doc_id,
+                "title": doc.title,
+                "topic": topic,
+                "cid": context_of(doc),
+                "text": doc.text,
+                "mentions": [[canonical_key(n), n, s] for n, s in doc.mentions.items()],
+            },
+        )
+
+
+async def index(chunks: ChunkIndex, tenant: str) -> None:
+    for doc in CORPUS:
+        cid = context_of(doc)
+        chunk = ChunkPayload(
+            chunk_id=f"{cid}:0",
+            context_id=cid,
+            section_path=doc.title,
+            text=doc.text,
+            char_start=0,
+            char_end=len(doc.text),
+        )
+        await chunks.index_document(tenant, doc.doc_id, [chunk])
+
+
+@pytest.fixture
+async def engine(settings: Settings, redis, graph_db) -> AsyncIterator[KnowledgeEngine]:
+    store = QdrantVectorStore.from_settings(settings)
+    chunks = ChunkIndex(store, build_embedder(settings, redis))
+    await chunks.start()
+    reads = KnowledgeReads(graph_db, settings.neo4j_database)
+    yield KnowledgeEngine(reads, GdsPaths(reads.read, "test"), chunks)
+    await store.close()
+
+
+@pytest.fixture
+async def planted(engine: KnowledgeEngine, graph_db, tenant: str) -> str:
+    await plant(graph_db, tenant)
+    await index(engine.chunks, tenant)
+    return tenant
+
+
+async def test_the_walk_ranks_the_bridge_section_above_the_lexical_distractor(
+    engine: KnowledgeEngine, planted: str
+) -> None:
+    answer = await engine.ask(planted, QUESTION, 3, "graph-ppr")
+    assert "journal of psychotherapy integration" in {s.key for s in answer.seeds}
+    walked, _ = await engine.propagation.sections(planted, answer.seeds, 50)
+    ranked = list(walked)
+    assert ranked[0] == context_of(JOURNAL)
+    assert ranked.index(context_of(SOCIETY)) < ranked.index(context_of(DISTRACTOR))
+    # the plan weighs them so, and the bridge is among the evidence (the cosine still prefers
+    # the distractor's words: see the next test)
+    plan = answer.plan
+    assert plan.weight(context_of(SOCIETY)) > plan.weight(context_of(DISTRACTOR)) > 0
+    documents = [c.hit.document_id for c in answer.chunks]
+    assert documents[0] == "journal" and "society" in documents, documents
+    assert answer.method == GRAPH_PPR and answer.propagation == SCIPY
+    assert answer.mode is Mode.ANCHORED
+    assert invariant_violations(answer) == []
+    assert all(c.hit.context_id in answer.plan.weights for c in answer.chunks)
+    assert [s for s, _ in answer.stages.timings] == [
+        "seeds",
+        "paths",
+        "propagate",
+        "plan",
+        "embed",
+        "vector",
+    ]
+
+
+async def test_vector_search_alone_prefers_the_distractor(
+    engine: KnowledgeEngine, planted: str
+) -> None:
+    """What the walk corrects: the question's words are the distractor's."""
+    answer = await engine.ask(planted, QUESTION, len(CORPUS), "vector")
+    documents = [c.hit.document_id for c in answer.chunks]
+    assert documents.index("distractor") < documents.index("society"), documents
+
+
+async def test_the_graph_is_read_once_until_the_tenant_changes(
+    engine: KnowledgeEngine, graph_db, planted: str
+) -> None:
+    propagation = engine.propagation
+    first = await propagation.graph(planted)
+    assert propagation.cached(planted)
+    assert await propagation.graph(planted) is first
+    consumers = KnowledgeConsumers(engine.gds, propagation)
+    await consumers.on_graph_changed(Pass1Completed.create(tenant_id=planted, document_id="x"))
+    assert not propagation.cached(planted)
+    # a document added since is walked to
+    society = "Society for the Exploration of Psychotherapy Integration"
+    extra = Doc("extra", "Boston", "SEPI met in Boston.", {society: 0.5, "boston": 0.9})
+    await plant(graph_db, planted, (extra,))
+    again = await propagation.graph(planted)
+    assert again is not first and context_of(extra) in again.sections
+    # tenants never share a graph
+    assert context_of(JOURNAL) not in (await propagation.graph(f"{planted}-other")).sections
+
+
+async def test_concurrent_questions_share_one_read(engine: KnowledgeEngine, planted: str) -> None:
+    reads = CountingReads(engine.reads)
+    propagation = Propagation(reads)  # type: ignore[arg-type]
+    graphs = await asyncio.gather(*(propagation.graph(planted) for _ in range(5)))
+    assert reads.graph_reads == 1 and all(g is graphs[0] for g in graphs)
+
+
+class CountingReads:
+    def __init__(self, reads: KnowledgeReads) -> None:
+        self._reads = reads
+        self.graph_reads = 0
+
+    async def graph(self, tenant: str) -> GraphRows:
+        self.graph_reads += 1
+        return await self._reads.graph(tenant)
+
+
+# --- GDS pageRank, on rows shaped like the plugin's ------------------------------------------
+
+
+class RecordingReader:
+    """Answers like GDS would: the plugin is present, projections are made, pageRank yields the
+    recorded rows (community Neo4j here cannot run it)."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    async def __call__(self, query: str, **params: Any) -> list[dict[str, Any]]:
+        self.calls.append((query, params))
+        if "SHOW PROCEDURES" in query:
+            return [{"found": 1}]
+        if "gds.graph.project" in query:
+            return [{"nodes": 12, "relationships": 30}]
+        if PAGERANK_PROCEDURE in query:
+            return self.rows
+        return []
+
+
+async def test_gds_pagerank_rows_become_the_plan(engine: KnowledgeEngine, planted: str) -> None:
+    rows = [
+        {"context_id": context_of(JOURNAL), "document_id": "journal", "score": 0.30},
+        {"context_id": context_of(SOCIETY), "document_id": "society", "score": 0.12},
+        {"context_id": context_of(DISTRACTOR), "document_id": "distractor", "score": 0.01},
+    ]
+    reader = RecordingReader(rows)
+    engine.gds = GdsPaths(reader, "test")
+    engine.gds_pagerank = GdsPageRank(reader, "test")
+    answer = await engine.ask(planted, QUESTION, 2, "graph-ppr")
+    assert answer.propagation == GDS_PAGERANK
+    assert answer.plan.ordered() == [context_of(d) for d in (JOURNAL, SOCIETY, DISTRACTOR)]
+    assert answer.plan.weights[context_of(JOURNAL)] == 1.0
+    assert invariant_violations(answer) == []
+    query, params = next(c for c in reader.calls if PAGERANK_PROCEDURE in c[0])
+    assert params["tenant"] == planted and params["damping"] == DAMPING
+    weights = dict(params["seeds"])
+    assert weights["journal of psychotherapy integration"] == max(weights.values())
+    assert all(w > 0 for w in weights.values())
+    assert "sourceNodes: sources" in query and planted not in query
+    # projected once per tenant, again after a change
+    await engine.ask(planted, QUESTION, 2, "graph-ppr")
+    assert sum("gds.graph.project" in q for q, _ in reader.calls) == 1
+    engine.gds_pagerank.invalidate(planted)
+    await engine.ask(planted, QUESTION, 2, "graph-ppr")
+    projections = [p for q, p in reader.calls if "gds.graph.project" in q]
+    assert len(projections) == 2
+    assert projections[0]["graph"] == graph_name("test", planted, "propagation")
