@@ -5,8 +5,8 @@ embedder, the vector store (sole owner of the embedded Qdrant folder), the Neo4j
 only), the event subscriptions (the shared group `search` and this replica's cache group, see
 `consumers`) and the gRPC server on `settings.search_port` with `SearchService` and
 `KnowledgeService` (graph-first `Ask`, `pml_search.knowledge`; its replica group
-`search-knowledge-<consumer_name>` keeps the GDS projections current, see
-`knowledge_consumers`).
+`search-knowledge-<consumer_name>` keeps the GDS projections and the propagation graphs
+current, see `knowledge_consumers`).
 SIGTERM/SIGINT stop it gracefully: the server stops accepting RPCs and finishes those in flight,
 then the consumers stop, the replica's cache group is removed, then the clients close.
 """
@@ -32,12 +32,13 @@ from pml_search.chunk_consumers import GROUP as CHUNK_GROUP
 from pml_search.chunk_consumers import ChunkConsumers
 from pml_search.chunk_index import ChunkIndex
 from pml_search.consumers import CACHE_EVENTS, SearchConsumers
-from pml_search.gds import GdsPaths
+from pml_search.gds import GdsPageRank, GdsPaths
 from pml_search.graph_view import GraphView
 from pml_search.knowledge import KnowledgeEngine
 from pml_search.knowledge_consumers import KNOWLEDGE_CACHE_EVENTS, KnowledgeConsumers
 from pml_search.knowledge_reads import KnowledgeReads
 from pml_search.knowledge_service import KnowledgeServicer
+from pml_search.propagation import Propagation
 from pml_search.service import SearchServicer
 from pml_search.vector_store import QdrantVectorStore
 
@@ -75,8 +76,12 @@ class SearchApp:
         self._cache_group = consumers.subscribe(self.bus, settings.consumer_name)
         reads = KnowledgeReads(self._driver, settings.neo4j_database)
         gds = GdsPaths(reads.read, settings.consumer_name)
-        self.knowledge = KnowledgeEngine(reads, gds, self.chunks)
-        self._knowledge_group = KnowledgeConsumers(gds).subscribe(self.bus, settings.consumer_name)
+        pagerank = GdsPageRank(reads.read, settings.consumer_name)
+        propagation = Propagation(reads)
+        self.knowledge = KnowledgeEngine(reads, gds, self.chunks, propagation, pagerank)
+        self._knowledge_group = KnowledgeConsumers(gds, propagation, pagerank).subscribe(
+            self.bus, settings.consumer_name
+        )
         self.servicer = SearchServicer(settings, self.catalog, self.graph, self.bus)
         self._server = GrpcServer(settings, self.port, SERVICE)
         self._server.add(
