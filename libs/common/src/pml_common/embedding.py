@@ -499,6 +499,16 @@ def build_tool_embedder(settings: Settings, redis: Redis | None) -> Embedder:
     return QueryCutEmbedder(inner, settings.embed_query_max_chars)
 
 
+def build_passage_embedder(settings: Settings, redis: Redis | None) -> Embedder:
+    """The embedder of document chunks and of the questions asked about them
+    (`PML_PASSAGE_EMBEDDER`): both sides of knowledge retrieval must use this one, so that a
+    question and the chunks it is compared with share a model (and e5's "query: " /
+    "passage: " prefixes, through `embed_queries` / `embed_passages`)."""
+    return QueryCutEmbedder(
+        _model(settings.passage_embedder, settings, redis), settings.embed_query_max_chars
+    )
+
+
 def _model(name: str, settings: Settings, redis: Redis | None) -> Embedder:
     inner: Embedder
     if name == "use":

