@@ -293,10 +293,11 @@ class Settings(BaseSettings):
         "tenants are dropped and read again from Neo4j on their next request.",
     )
     scorer_cache_max_nodes: int = Field(
-        200_000,
+        100_000,
         ge=1,
         description="Graph nodes (tools and capabilities, over all tenants) whose serving model "
-        "a scorer replica keeps in memory, about 13 KB each with the default embedders; past "
+        "a scorer replica keeps in memory, about 13 KB each with the default embedders (1.3 GB "
+        "at the default, within the 2Gi of deploy/k8s with the embedding models); past "
         "it the least recently used tenants are dropped (never one whose model is being built "
         "or read) and built again from the stores on their next request.",
     )
