@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from pml_common.context_id import make_context_id
-from pml_common.embedding import build_embedder
+from pml_common.embedding import build_passage_embedder
 from pml_common.events import ChunkPayload, ChunksExtracted, DocumentDeleted
 from pml_common.latest_wins import LatestWins
 from pml_common.settings import Settings
@@ -33,7 +33,7 @@ def _chunk(doc: str, path: str, text: str, n: int = 0) -> ChunkPayload:
 @pytest.fixture
 async def index(settings: Settings, redis) -> AsyncIterator[ChunkIndex]:
     store = QdrantVectorStore.from_settings(settings)
-    chunks = ChunkIndex(store, build_embedder(settings, redis))
+    chunks = ChunkIndex(store, build_passage_embedder(settings, redis))
     await chunks.start()
     yield chunks
     await store.close()
@@ -64,7 +64,7 @@ async def test_search_filters_by_context_ids(
     ]
     for chunk in chunks:
         await index.index_document(tenant, chunk.context_id.split(":")[1], [chunk])
-    embedder = build_embedder(settings, redis)
+    embedder = build_passage_embedder(settings, redis)
     [query] = await embedder.embed_queries(["transformation"])
     everything = await index.search(tenant, query, 5)
     assert {h.document_id for h in everything} == {"d1", "d2"}
@@ -101,7 +101,7 @@ async def test_events_handled_out_of_order_apply_in_the_order_requested(
     # a version submitted after the deletion is indexed; an older one arriving late is not
     await consumers.on_chunks_extracted(extracted(new, submitted_at + timedelta(seconds=2)))
     await consumers.on_chunks_extracted(extracted(old, submitted_at + timedelta(seconds=1)))
-    [query] = await build_embedder(settings, redis).embed_queries(["invoices"])
+    [query] = await build_passage_embedder(settings, redis).embed_queries(["invoices"])
     [found] = await index.search(tenant, query, 5)
     assert found.text == "Invoices are sent."
     # and the late deletion no longer removes the newer version

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from pml_common.concepts import canonical_key
 from pml_common.context_id import make_context_id
-from pml_common.embedding import build_embedder
+from pml_common.embedding import build_passage_embedder
 from pml_common.events import ChunkPayload
 from pml_common.settings import Settings
 from pml_common.telemetry import setup_telemetry
@@ -282,7 +282,7 @@ class RecordedGds:
 @pytest.fixture
 async def engine(settings: Settings, redis, graph_db) -> AsyncIterator[KnowledgeEngine]:
     store = QdrantVectorStore.from_settings(settings)
-    chunks = ChunkIndex(store, build_embedder(settings, redis))
+    chunks = ChunkIndex(store, build_passage_embedder(settings, redis))
     await chunks.start()
     reads = KnowledgeReads(graph_db, settings.neo4j_database)
     yield KnowledgeEngine(reads, GdsPaths(reads.read, "test"), chunks)

@@ -1,9 +1,10 @@
 """Composition root of the search service: `python -m pml_search`.
 
 Builds, from one `Settings`: logging and telemetry, the Redis client (embedding cache), the
-embedder, the vector store (sole owner of the embedded Qdrant folder), the Neo4j driver (read
-only), the event subscriptions (the shared group `search` and this replica's cache group, see
-`consumers`) and the gRPC server on `settings.search_port` with `SearchService` and
+embedders (`PML_TOOL_EMBEDDER` for the catalog, `PML_PASSAGE_EMBEDDER` for document chunks and
+the questions of `Ask`), the vector store (sole owner of the embedded Qdrant folder), the Neo4j
+driver (read only), the event subscriptions (the shared group `search` and this replica's cache
+group, see `consumers`) and the gRPC server on `settings.search_port` with `SearchService` and
 `KnowledgeService` (graph-first `Ask`, `pml_search.knowledge`; its replica group
 `search-knowledge-<consumer_name>` keeps the GDS projections and the propagation graphs
 current, see `knowledge_consumers`).
@@ -19,7 +20,7 @@ import structlog
 
 from pml.v1 import knowledge_pb2_grpc, search_pb2_grpc
 from pml_common.bus import EventBus, create_replica_group, destroy_replica_group
-from pml_common.embedding import build_embedder, build_tool_embedder
+from pml_common.embedding import build_passage_embedder, build_tool_embedder
 from pml_common.grpc_server import GrpcServer
 from pml_common.latest_wins import LatestWins
 from pml_common.lifecycle import wait_for_shutdown_signal
@@ -66,10 +67,11 @@ class SearchApp:
         )
         self.bus = EventBus(settings, SERVICE)
         consumers = SearchConsumers(self.catalog, self.graph)
-        # Document chunks (knowledge evidence), from the ingest pipeline's ChunksExtracted.
+        # Document chunks (knowledge evidence), from the ingest pipeline's ChunksExtracted; Ask
+        # embeds its question with the same embedder (`ChunkIndex.embedder`).
         self.chunks = ChunkIndex(
             self._store,
-            build_embedder(settings, self._redis),
+            build_passage_embedder(settings, self._redis),
             settings.search_chunk_cache_max_chunks,
         )
         ChunkConsumers(self.chunks, LatestWins(self._redis, CHUNK_GROUP)).subscribe(self.bus)
