@@ -45,6 +45,7 @@ PHASES = [
     "fault: Neo4j stopped",
     "load: stopping the clients",
     "drain: executions applied / published",
+    "checks: stopping the trainers, so nothing changes under them",
     "checks: executions applied once, registrations and documents through",
     "teardown: stopping the private system",
 ]

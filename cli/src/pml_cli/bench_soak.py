@@ -72,7 +72,7 @@ from pml_cli.local_stack import (
 from pml_cli.phases import counted_phase, phase, step
 from pml_common.bus import EventBus
 from pml_common.events import ExecutionCompleted, ExecutionStep, Streams, ToolSpec
-from pml_common.local_runtime import ManagedProcess, free_port, restart
+from pml_common.local_runtime import ManagedProcess, free_port, restart, stop_all
 from pml_common.settings import Settings
 from pml_common.stores import neo4j_auth
 from pml_trainer.graph_store import GROUP as TRAINER_GROUP
@@ -875,6 +875,10 @@ def bench_soak(plan: SoakPlan, console: Console) -> dict[str, Any]:
                 faults = _run(system, plan, start, seen, console)
                 windows = Windows.of(faults, start, time.monotonic())
             drain = _drain(system, seen.ledger, console)
+            # The checks read the ledger, then the counts: a trainer still applying executions
+            # in between (a drain that timed out) would show counts above the ledger's.
+            with phase(console, "checks: stopping the trainers, so nothing changes under them"):
+                stop_all(system.trainers)
             what = "checks: executions applied once, registrations and documents through"
             with phase(console, what):
                 checks = _checks(system, seen.ledger)
