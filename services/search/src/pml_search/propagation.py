@@ -50,9 +50,10 @@ log = structlog.get_logger(__name__)
 #: bridge section is three steps from a seed concept (seed → section → bridge concept →
 #: section), so the walk must go further than HippoRAG's, whose entities link directly.
 DAMPING = 0.85
-#: Power iteration stops when the L1 change of the scores is below this, or after that many
-#: steps (0.85^100 ≈ 1e-7).
-TOLERANCE = 1e-6
+#: Power iteration (in float32) stops when the L1 change of the scores is below this, or after
+#: that many steps. 1e-3 gives the same rankings as 1e-6 on both dev sets in a quarter of the
+#: time (about 45 steps instead of 85; 16 ms instead of 63 per question on MuSiQue's graph).
+TOLERANCE = 1e-3
 MAX_ITERATIONS = 100
 #: Restart weight of a seed that names a topic, relative to a concept of the same frequency.
 TOPIC_SEED = 10.0
@@ -164,7 +165,7 @@ def _transitions(edges: _Edges, size: int) -> sparse.csr_array:
     adjacency.sum_duplicates()
     degree = np.asarray(adjacency.sum(axis=0)).ravel()
     scale = np.divide(1.0, degree, out=np.zeros_like(degree), where=degree > 0)
-    return sparse.csr_array(adjacency @ sparse.diags_array(scale))
+    return sparse.csr_array(adjacency @ sparse.diags_array(scale)).astype(np.float32)
 
 
 def restart_weights(seeds: Iterable[Seed]) -> list[tuple[str, float]]:
@@ -189,7 +190,7 @@ def restart_vector(graph: PropagationGraph, seeds: Iterable[tuple[str, float]]) 
         for node in nodes:
             restart[node] += weight / len(nodes)
     total = restart.sum()
-    return restart / total if total > 0 else restart
+    return (restart / total if total > 0 else restart).astype(np.float32)
 
 
 def personalized_pagerank(
