@@ -21,7 +21,7 @@ import pytest
 
 from pml_common.concepts import canonical_key
 from pml_common.context_id import make_context_id
-from pml_common.embedding import build_embedder
+from pml_common.embedding import build_passage_embedder
 from pml_common.events import ChunkPayload, Pass1Completed
 from pml_common.settings import Settings
 from pml_search.chunk_index import ChunkIndex
@@ -242,7 +242,7 @@ async def index(chunks: ChunkIndex, tenant: str) -> None:
 @pytest.fixture
 async def engine(settings: Settings, redis, graph_db) -> AsyncIterator[KnowledgeEngine]:
     store = QdrantVectorStore.from_settings(settings)
-    chunks = ChunkIndex(store, build_embedder(settings, redis))
+    chunks = ChunkIndex(store, build_passage_embedder(settings, redis))
     await chunks.start()
     reads = KnowledgeReads(graph_db, settings.neo4j_database)
     yield KnowledgeEngine(reads, GdsPaths(reads.read, "test"), chunks)
