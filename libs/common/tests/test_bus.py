@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import redis.asyncio as aioredis
 
+from pml_common import stores
 from pml_common.bus import EVENT_FIELD, DeadLetter, EventBus
 from pml_common.events import ExecutionCompleted, ExecutionStep, GraphChanged, Streams
 from pml_common.settings import Settings
@@ -610,3 +611,18 @@ async def test_an_event_without_event_id_is_dead_lettered(
         await eventually(lambda: [e.event_id for e in seen] == [marker.event_id])
         letters = await dead_letters_of(bus, group, {entry})
     assert "event_id" in letters[0].reason and "required" in letters[0].reason.lower()
+
+
+async def test_the_bus_talks_to_redis_with_the_stores_retry_policy(settings: Settings) -> None:
+    # The library's default client backs off up to 10 s per retry: after a Redis restart,
+    # batches and publications on its stale connections were held for seconds.
+    reference = stores.redis_client(settings)
+    bus = EventBus(settings, "policy")
+    try:
+        assert bus._redis.get_retry() == reference.get_retry()
+        kwargs = bus._redis.connection_pool.connection_kwargs
+        assert kwargs["socket_connect_timeout"] == stores.REDIS_CONNECT_TIMEOUT_S
+        assert kwargs["health_check_interval"] == stores.REDIS_HEALTH_CHECK_INTERVAL_S
+    finally:
+        await bus.stop()
+        await reference.aclose()

@@ -64,6 +64,7 @@ from redis.exceptions import RedisError, ResponseError
 from pml_common import redis_keys
 from pml_common.events import Event, EventRejected, Streams, parse_event
 from pml_common.settings import Settings, redis_credentials
+from pml_common.stores import redis_client
 from pml_common.stream_retention import (
     RetentionPass,
     StreamRetention,
@@ -243,9 +244,10 @@ class EventBus:
     ) -> None:
         self._settings = settings
         self._service = service
-        self._redis = redis or aioredis.Redis.from_url(
-            settings.redis_url, **redis_credentials(settings)
-        )
+        # The stores' client, not the library's default one: after a Redis restart the
+        # default backs off for up to 10 s per retry on every pooled connection gone stale,
+        # which held batches and publications for seconds past the restart.
+        self._redis = redis or redis_client(settings)
         self._owns_redis = redis is None
         self._subscriptions: list[_Subscription] = []
         self._broker: RedisBroker | None = None
