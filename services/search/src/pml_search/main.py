@@ -9,7 +9,8 @@ group, see `consumers`) and the gRPC server on `settings.search_port` with `Sear
 `search-knowledge-<consumer_name>` keeps the GDS projections and the propagation graphs
 current, see `knowledge_consumers`).
 SIGTERM/SIGINT stop it gracefully: the server stops accepting RPCs and finishes those in flight,
-then the consumers stop, the replica's cache group is removed, then the clients close.
+then the consumers stop, then the re-embedding of chunks (`ChunkIndex.start`) if it still runs,
+the replica's cache group is removed, then the clients close.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ class SearchApp:
     async def stop(self) -> None:
         await self._server.stop()
         await self.bus.stop()
+        await self.chunks.stop()  # the chunks' re-embedding, if it still runs
         await destroy_replica_group(self._redis, self._cache_group, CACHE_EVENTS)
         await destroy_replica_group(self._redis, self._knowledge_group, KNOWLEDGE_CACHE_EVENTS)
         await self._driver.close()

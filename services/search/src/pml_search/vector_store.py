@@ -76,6 +76,17 @@ class VectorStore(ABC):
         """Every point matching `where`, with vectors (used to load a tenant's read cache)."""
 
     @abstractmethod
+    async def payloads(
+        self, collection: str, where: Filter | None = None, fields: Sequence[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """The payload of every point matching `where` (only `fields` of it, if given), without
+        vectors: for reading what a collection holds, e.g. to copy it into another."""
+
+    @abstractmethod
+    async def collections(self) -> list[str]:
+        """The names of every collection, sorted."""
+
+    @abstractmethod
     async def delete(self, collection: str, where: Filter) -> int:
         """Delete the points matching `where` (never empty); returns how many there were."""
 
@@ -297,6 +308,33 @@ class QdrantVectorStore(VectorStore):
             points.extend(map(self._to_point, records))
             if offset is None:
                 return points
+
+    async def payloads(
+        self, collection: str, where: Filter | None = None, fields: Sequence[str] | None = None
+    ) -> list[dict[str, Any]]:
+        if _matches_nothing(where):
+            return []
+        selector: bool | list[str] = True if fields is None else list(fields)
+        payloads: list[dict[str, Any]] = []
+        offset: Any = None  # as in `scan`
+        while True:
+            records, offset = await self._run(
+                self._client.scroll(
+                    collection,
+                    scroll_filter=qdrant_filter(where),
+                    limit=1024,
+                    offset=offset,
+                    with_payload=selector,
+                    with_vectors=False,
+                )
+            )
+            payloads.extend(_split_payload(r.payload)[1] for r in records)
+            if offset is None:
+                return payloads
+
+    async def collections(self) -> list[str]:
+        response = await self._run(self._client.get_collections())
+        return sorted(c.name for c in response.collections)
 
     @staticmethod
     def _to_point(record: models.Record) -> VectorPoint:
