@@ -140,8 +140,10 @@ RETURN DISTINCT startNode(r).canonical_name AS source, type(r) AS relation,
        coalesce(r.evidence_document_ids, []) AS document_ids
 """
 
-# The propagation graph (`graph`), one record per section, per topic and per relation: a section
-# with its document, topics and mentions ([concept key, salience] pairs).
+# The propagation graph (`graph`): a row per section, per topic and per relation, all the rows of
+# a query in one record (the async driver's cost per record made a large tenant's graph take
+# seconds to read); a section row holds its document, topics and mentions ([concept key,
+# salience] pairs).
 _GRAPH_SECTIONS = """
 MATCH (s:SectionContext {tenant_id: $tenant})
 OPTIONAL MATCH (c:CanonicalConcept {tenant_id: $tenant})-[m:MENTIONED_IN]->(s)
@@ -150,13 +152,13 @@ WITH s, collect(CASE WHEN c IS NULL THEN null
 WITH s, mentions,
      [t IN coalesce(s.topic_ids, [])
       WHERE EXISTS { MATCH (:Topic {tenant_id: $tenant, topic_id: t}) }] AS topics
-RETURN [s.context_id, s.document_id, topics, mentions] AS row
+RETURN collect([s.context_id, s.document_id, topics, mentions]) AS rows
 """
 
 _GRAPH_COVERS = """
 MATCH (t:Topic {tenant_id: $tenant})-[r:COVERS]->(c:CanonicalConcept {tenant_id: $tenant})
 WITH t, collect([c.canonical_name, coalesce(r.confidence, 1.0)]) AS covered
-RETURN [t.topic_id, covered] AS row
+RETURN collect([t.topic_id, covered]) AS rows
 """
 
 # Only relations with evidence (a section and a quote): an unproven relation never carries a
@@ -166,7 +168,7 @@ MATCH (a:CanonicalConcept {tenant_id: $tenant})-[r]->(b:CanonicalConcept {tenant
 WHERE type(r) IN $types AND r.tenant_id = $tenant
   AND size(coalesce(r.evidence_context_ids, r.evidence_ids, [])) > 0
   AND size(coalesce(r.evidence_quotes, [])) > 0
-RETURN [a.canonical_name, b.canonical_name, coalesce(r.confidence, 0.0)] AS row
+RETURN collect([a.canonical_name, b.canonical_name, coalesce(r.confidence, 0.0)]) AS rows
 """
 
 _DEGREES = """
@@ -336,18 +338,13 @@ class KnowledgeReads:
 
     async def graph(self, tenant: str) -> GraphRows:
         """The tenant's concept ↔ section graph (sections, covers, evidenced relations)."""
-        sections = await self._read(_GRAPH_SECTIONS, tenant=tenant)
-        covers = await self._read(_GRAPH_COVERS, tenant=tenant)
-        relations = await self._read(_GRAPH_RELATIONS, tenant=tenant, types=RELATION_TYPES)
+        (sections,) = await self._read(_GRAPH_SECTIONS, tenant=tenant)
+        (covers,) = await self._read(_GRAPH_COVERS, tenant=tenant)
+        (relations,) = await self._read(_GRAPH_RELATIONS, tenant=tenant, types=RELATION_TYPES)
         return GraphRows(
-            sections=[_section_row(r["row"]) for r in sections],
-            covers=[
-                CoverRow(str(topic), _weights(covered))
-                for topic, covered in (r["row"] for r in covers)
-            ],
-            relations=[
-                RelationRow(str(a), str(b), float(w)) for a, b, w in (r["row"] for r in relations)
-            ],
+            sections=[_section_row(row) for row in sections["rows"]],
+            covers=[CoverRow(str(topic), _weights(covered)) for topic, covered in covers["rows"]],
+            relations=[RelationRow(str(a), str(b), float(w)) for a, b, w in relations["rows"]],
         )
 
     async def read(self, query: str, **params: Any) -> list[neo4j.Record]:
