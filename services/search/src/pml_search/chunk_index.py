@@ -360,20 +360,23 @@ class _Progress:
     documents: int = 0
     chunks: int = 0
     embedded: int = 0
-    skipped: int = 0
     _logged: int = 0
 
     def add(self, chunks: int, embedded: int, documents: int) -> None:
         self.documents += documents
         self.chunks += chunks
         self.embedded += embedded
-        self.skipped += chunks - embedded
         if self.chunks - self._logged >= REEMBED_BATCH:
             self._logged = self.chunks
             log.info("chunks.reembed_progress", **self.counts())
 
     def counts(self) -> dict[str, int]:
-        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        return {
+            "documents": self.documents,
+            "chunks": self.chunks,
+            "embedded": self.embedded,
+            "skipped": self.chunks - self.embedded,
+        }
 
 
 def _key(payload: Mapping[str, Any]) -> tuple[str, str]:

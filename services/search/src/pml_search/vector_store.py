@@ -290,47 +290,43 @@ class QdrantVectorStore(VectorStore):
         return [found[i] for i in dict.fromkeys(ids) if i in found]
 
     async def scan(self, collection: str, where: Filter | None = None) -> list[VectorPoint]:
-        if _matches_nothing(where):
-            return []
-        points: list[VectorPoint] = []
-        offset: Any = None  # opaque next-page token from `scroll`, passed back unchanged
-        while True:
-            records, offset = await self._run(
-                self._client.scroll(
-                    collection,
-                    scroll_filter=qdrant_filter(where),
-                    limit=1024,
-                    offset=offset,
-                    with_payload=True,
-                    with_vectors=True,
-                )
-            )
-            points.extend(map(self._to_point, records))
-            if offset is None:
-                return points
+        records = await self._scroll(collection, where, with_payload=True, with_vectors=True)
+        return list(map(self._to_point, records))
 
     async def payloads(
         self, collection: str, where: Filter | None = None, fields: Sequence[str] | None = None
     ) -> list[dict[str, Any]]:
+        selector: bool | list[str] = True if fields is None else list(fields)
+        records = await self._scroll(collection, where, with_payload=selector, with_vectors=False)
+        return [_split_payload(r.payload)[1] for r in records]
+
+    async def _scroll(
+        self,
+        collection: str,
+        where: Filter | None,
+        *,
+        with_payload: bool | list[str],
+        with_vectors: bool,
+    ) -> list[models.Record]:
+        """Every point matching `where`, page after page."""
         if _matches_nothing(where):
             return []
-        selector: bool | list[str] = True if fields is None else list(fields)
-        payloads: list[dict[str, Any]] = []
-        offset: Any = None  # as in `scan`
+        records: list[models.Record] = []
+        offset: Any = None  # opaque next-page token from `scroll`, passed back unchanged
         while True:
-            records, offset = await self._run(
+            page, offset = await self._run(
                 self._client.scroll(
                     collection,
                     scroll_filter=qdrant_filter(where),
                     limit=1024,
                     offset=offset,
-                    with_payload=selector,
-                    with_vectors=False,
+                    with_payload=with_payload,
+                    with_vectors=with_vectors,
                 )
             )
-            payloads.extend(_split_payload(r.payload)[1] for r in records)
+            records.extend(page)
             if offset is None:
-                return payloads
+                return records
 
     async def collections(self) -> list[str]:
         response = await self._run(self._client.get_collections())
