@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from pml_cli import eval_folds
 from pml_cli.eval_baselines import PlanKnn, ToolKnn, by_popularity, next_candidates, popularity
-from pml_cli.eval_data import EvalError, ToolQuery
+from pml_cli.eval_data import EvalError, QuerySelection, ToolQuery
 from pml_cli.eval_runs import (
     Grouped,
     compare_to_baselines,
@@ -247,6 +247,37 @@ def test_eval_tools_bad_input_is_a_message(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "unknown method" in result.stderr
     result = runner.invoke(app, [*args, "--method", "knn", "--folds", "5"])
     assert result.exit_code == 1 and "cannot read" in result.stderr
+
+
+def test_query_selection_keeps_id_prefixes_then_min_relevant_then_the_first_n() -> None:
+    queries = [
+        q("etom-L1-1", ["a"]),
+        q("etom-L3-1", ["a", "b"]),
+        q("etom-L2-1", ["a", "b"]),
+        q("etom-L4-1", ["a", "c"]),
+        q("etom-L3-2", ["a"]),
+    ]
+    multi_step = QuerySelection(id_prefixes=("etom-L3", "etom-L4"), min_relevant=2)
+    assert [x.id for x in multi_step.apply(queries)] == ["etom-L3-1", "etom-L4-1"]
+    first = multi_step.model_copy(update={"max_queries": 1})
+    assert [x.id for x in first.apply(queries)] == ["etom-L3-1"]
+    assert QuerySelection().apply(queries) == queries
+
+
+def test_a_selection_that_keeps_nothing_says_what_was_asked(tmp_path: Path) -> None:
+    tool = {"id": "fs:read", "server": "fs", "name": "read", "description": "Read a file."}
+    (tmp_path / "catalog.jsonl").write_text(json.dumps(tool) + "\n")
+    (tmp_path / "queries.jsonl").write_text(
+        json.dumps({"id": "etom-L1-1", "query": "read it", "relevant": ["fs:read"]}) + "\n"
+    )
+    args = ["eval", "tools", "--data", str(tmp_path), "--method", "knn", "--folds", "2"]
+    result = runner.invoke(app, [*args, "--id-prefix", "etom-L3, etom-L4"])
+    assert result.exit_code == 1
+    assert "no query with 1+ relevant tools and an id starting with etom-L3 or etom-L4" in (
+        " ".join(result.stderr.split())
+    )
+    result = runner.invoke(app, [*args, "--max-queries", "0"])
+    assert result.exit_code == 2 and "--max-queries" in result.stderr
 
 
 def test_a_fold_whose_model_never_comes_is_reported_not_raised(

@@ -12,6 +12,7 @@ from pathlib import Path
 import redis.asyncio as aioredis
 from rich.console import Console
 
+from pml_cli.eval_data import QuerySelection
 from pml_cli.eval_folds import _rejected_metrics, covered, evaluate_folds
 from pml_cli.eval_tools import evaluate_tools
 from pml_common.model_registry import ModelRegistry
@@ -57,7 +58,9 @@ def test_a_refused_query_is_reported_and_a_long_one_cut(
         client_side = settings.model_copy(
             update={"search_addr": search.address, "max_query_chars": 60}
         )
-        result = evaluate_tools(client_side, data, "cosine,unified", None, QUIET, per_query)
+        result = evaluate_tools(
+            client_side, data, "cosine,unified", QuerySelection(), QUIET, per_query
+        )
     assert result["queries"] == 3 and result["truncated"] == 1 and result["split"] is None
     for method in ("cosine", "unified"):
         block = result["methods"][method]
@@ -95,7 +98,15 @@ def test_baselines_need_no_service_and_the_split_shows_what_memory_answers(
     nowhere = Settings(search_addr="127.0.0.1:9", scorer_addr="127.0.0.1:9")
     results = {
         split: evaluate_folds(
-            nowhere, data, "knn,popular", 3, 2, None, QUIET, split, 0, tmp_path / f"{split}.jsonl"
+            nowhere,
+            data,
+            "knn,popular",
+            3,
+            QuerySelection(min_relevant=2),
+            QUIET,
+            split,
+            0,
+            tmp_path / f"{split}.jsonl",
         )
         for split in ("query", "workflow")
     }

@@ -22,6 +22,31 @@ class ToolQuery(BaseModel):
     sequence: list[str] | None = None
 
 
+class QuerySelection(BaseModel):
+    """Which of a set's queries an evaluation runs (`--id-prefix`, `--min-relevant`,
+    `--max-queries`), applied in that order."""
+
+    id_prefixes: tuple[str, ...] = ()
+    min_relevant: int = Field(default=1, ge=1)
+    max_queries: int | None = Field(default=None, ge=1)
+
+    def apply(self, queries: list[ToolQuery]) -> list[ToolQuery]:
+        kept = [
+            q
+            for q in queries
+            if len(q.relevant) >= self.min_relevant
+            and (not self.id_prefixes or q.id.startswith(self.id_prefixes))
+        ]
+        return kept[: self.max_queries]
+
+    def describe(self) -> str:
+        """What was asked, for the message when nothing is left."""
+        parts = [f"{self.min_relevant}+ relevant tools"]
+        if self.id_prefixes:
+            parts.append("an id starting with " + " or ".join(self.id_prefixes))
+        return " and ".join(parts)
+
+
 def load_queries(path: Path, limit: int | None = None) -> list[ToolQuery]:
     queries = []
     try:

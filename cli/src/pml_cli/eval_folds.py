@@ -54,7 +54,7 @@ from pml_cli.eval_baselines import (
     embed_intents,
     popularity,
 )
-from pml_cli.eval_data import ToolQuery, load_tool_catalog
+from pml_cli.eval_data import QuerySelection, ToolQuery, load_tool_catalog
 from pml_cli.eval_runs import (
     PerQueryLog,
     compare_to_baselines,
@@ -108,8 +108,7 @@ def evaluate_folds(
     data: Path,
     method: str,
     folds: int,
-    min_relevant: int,
-    max_queries: int | None,
+    selection: QuerySelection,
     console: Console,
     split: str = "query",
     seed: int = SPLIT_SEED,
@@ -117,7 +116,7 @@ def evaluate_folds(
 ) -> dict[str, Any]:
     methods = methods_of(method, FOLD_METHODS, "with --folds")
     tools = load_tool_catalog(data)
-    queries, truncated = load_eval_queries(settings, data, max_queries, min_relevant)
+    queries, truncated = load_eval_queries(settings, data, selection)
     parts = train_test_folds(queries, folds, split, seed)
     started = time.perf_counter()
     vectors = intent_vectors(settings, queries, console) if "knn" in methods else {}
@@ -143,7 +142,8 @@ def evaluate_folds(
         "split": split,
         "seed": seed,
         "folds": folds,
-        "min_relevant": min_relevant,
+        "min_relevant": selection.min_relevant,
+        "id_prefixes": list(selection.id_prefixes),
         "queries": len(queries),
         "truncated": truncated,
         "test_gold_seen": seen,

@@ -36,6 +36,7 @@ from rich.progress import Progress
 from pml.v1 import search_pb2
 from pml_cli import client
 from pml_cli.eval_data import EvalError as EvalError
+from pml_cli.eval_data import QuerySelection
 from pml_cli.eval_data import ToolQuery as ToolQuery
 from pml_cli.eval_data import load_queries as load_queries
 from pml_cli.eval_data import load_tool_catalog as load_tool_catalog
@@ -112,13 +113,12 @@ class ToolRun:
 
 
 def load_eval_queries(
-    settings: Settings, data: Path, max_queries: int | None, min_relevant: int = 1
+    settings: Settings, data: Path, selection: QuerySelection
 ) -> tuple[list[ToolQuery], int]:
-    """The set's queries with `min_relevant`+ relevant tools, fitted; and how many were cut."""
-    queries = [q for q in load_queries(data / "queries.jsonl") if len(q.relevant) >= min_relevant]
-    queries = queries[:max_queries] if max_queries is not None else queries
+    """The set's queries `selection` keeps, fitted; and how many were cut."""
+    queries = selection.apply(load_queries(data / "queries.jsonl"))
     if not queries:
-        raise EvalError(f"{data / 'queries.jsonl'}: no query with {min_relevant}+ relevant tools")
+        raise EvalError(f"{data / 'queries.jsonl'}: no query with {selection.describe()}")
     check_unique_ids(queries)
     return fit_queries(queries, settings.max_query_chars)
 
@@ -127,13 +127,13 @@ def evaluate_tools(
     settings: Settings,
     data: Path,
     method: str,
-    max_queries: int | None,
+    selection: QuerySelection,
     console: Console,
     per_query: Path | None = None,
 ) -> dict[str, Any]:
     methods = methods_of(method, METHODS, "without --folds")
     tools = load_tool_catalog(data)
-    queries, truncated = load_eval_queries(settings, data, max_queries)
+    queries, truncated = load_eval_queries(settings, data, selection)
     runs = {m: ToolRun() for m in methods}
     started = time.perf_counter()
     with (

@@ -388,13 +388,15 @@ def eval_tools(
         ),
     ] = "unified",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    max_queries: Annotated[int | None, typer.Option(help="Evaluate the first N only.")] = None,
+    max_queries: Annotated[
+        int | None, typer.Option(min=1, help="Evaluate the first N only.")
+    ] = None,
     folds: Annotated[
         int | None,
         typer.Option(help="K-fold: learn from K-1 folds' queries as executions, test on one."),
     ] = None,
     min_relevant: Annotated[
-        int, typer.Option(help="Keep queries with at least this many relevant tools.")
+        int, typer.Option(min=1, help="Keep queries with at least this many relevant tools.")
     ] = 1,
     split: Annotated[
         str,
@@ -407,21 +409,33 @@ def eval_tools(
     per_query: Annotated[
         Path | None, typer.Option(help="Write one JSON line per (method, query) to this file.")
     ] = None,
+    id_prefix: Annotated[
+        str,
+        typer.Option(
+            help="Keep queries whose id starts with one of these comma-separated prefixes "
+            "(e.g. etom-L3,etom-L4)."
+        ),
+    ] = "",
 ) -> None:
     """Tool retrieval metrics of one or several methods on DATA, through the running system."""
+    from pml_cli.eval_data import QuerySelection
     from pml_cli.eval_folds import evaluate_folds
     from pml_cli.eval_tools import EvalError, evaluate_tools
 
     settings = Settings()
     with _reported():
+        selection = QuerySelection(
+            id_prefixes=tuple(p.strip() for p in id_prefix.split(",") if p.strip()),
+            min_relevant=min_relevant,
+            max_queries=max_queries,
+        )
         if folds is not None:
             result = evaluate_folds(
                 settings,
                 data,
                 method,
                 folds,
-                min_relevant,
-                max_queries,
+                selection,
                 err,
                 split,
                 seed,
@@ -430,7 +444,7 @@ def eval_tools(
         elif min_relevant != 1 or split != "query":
             raise EvalError("--min-relevant and --split need --folds")
         else:
-            result = evaluate_tools(settings, data, method, max_queries, err, per_query)
+            result = evaluate_tools(settings, data, method, selection, err, per_query)
     _emit(result, as_json)
 
 
