@@ -16,6 +16,7 @@ from pml_common.first_stage import (
     dense_parts,
     fused_relevance,
     min_max,
+    part_cosines,
     retriever_problem,
     schema_fields,
     sub_goals,
@@ -100,6 +101,16 @@ def test_dense_parts_read_each_models_cosine_back() -> None:
     parts = dense_parts(joined[1:], joined[0], (3, 2))
     np.testing.assert_allclose(parts[0], a[1:] @ a[0], rtol=1e-5)
     np.testing.assert_allclose(parts[1], b[1:] @ b[0], rtol=1e-5)
+
+
+def test_part_cosines_of_several_queries_are_each_querys_own() -> None:
+    rng = np.random.default_rng(1)
+    rows, queries = rng.normal(size=(7, 5)), rng.normal(size=(3, 5))
+    models = [np.ascontiguousarray(rows[:, :3]), np.ascontiguousarray(rows[:, 3:])]
+    together = part_cosines(models, queries)
+    assert together.shape == (2, 3, 7)
+    for j, query in enumerate(queries):
+        np.testing.assert_allclose(together[:, j], dense_parts(rows, query, (3, 2)), rtol=1e-5)
 
 
 def test_retriever_names() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -10,9 +11,10 @@ import pytest
 
 from pml_common.embedding import build_tool_embedder, catalog_text
 from pml_common.events import ToolSpec, ToolsRegistered
-from pml_common.first_stage import DENSE, HYBRID, LEXICAL, sub_goals
+from pml_common.first_stage import DENSE, HYBRID, LEXICAL, part_cosines, sub_goals
 from pml_common.settings import Settings
 from pml_common.stores import redis_client
+from pml_search import cosine_batches
 from pml_search.catalog_index import (
     CAPABILITY,
     TOOL,
@@ -90,6 +92,38 @@ async def test_index_skip_reload_and_delete(
     assert await restarted.delete_tenant(tenant) == 3
     assert await restarted.ranked(tenant, TOOL, ["read a file"], query[None], 5, HYBRID) == []
     assert await store.count(catalog.collections[CAPABILITY], {"tenant_id": tenant}) == 0
+
+
+async def test_writes_during_a_dense_pass_never_change_the_rows_it_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    release = threading.Event()
+
+    def held_pass(models: list[np.ndarray], queries: np.ndarray) -> np.ndarray:
+        release.wait(timeout=10)
+        return part_cosines(models, queries)
+
+    monkeypatch.setattr(cosine_batches, "part_cosines", held_pass)
+    matrix = TenantMatrix(2)
+    entry = [CatalogEntry("t", f"s:{i}", TOOL, f"tool {i}", "s", "") for i in range(3)]
+    matrix.upsert(entry[:2], ["a", "b"], np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32))
+    east = np.array([[1.0, 0.0]], dtype=np.float32)
+    during = asyncio.create_task(matrix.rank(["tool"], east, 3, HYBRID))
+    for _ in range(500):
+        if matrix._cosines.reading:
+            break
+        await asyncio.sleep(0.01)
+    # s:0 turns north and s:2 arrives while the pass reads the two rows there were
+    matrix.upsert(
+        [entry[0], entry[2]], ["c", "d"], np.array([[0.0, 1.0], [1.0, 0.0]], dtype=np.float32)
+    )
+    release.set()
+    seen = await during
+    assert [s.entry.id for s in seen] == ["s:0", "s:1"]
+    assert seen[0].dense == pytest.approx(1.0)  # the row as it was when the pass began
+    after = await matrix.rank(["tool"], east, 3, HYBRID)
+    assert [s.entry.id for s in after][:1] == ["s:2"]
+    assert {s.entry.id: s.dense for s in after}["s:0"] == pytest.approx(0.0)
 
 
 async def test_tenant_matrix_grows_replaces_and_ranks() -> None:

@@ -63,10 +63,11 @@ from pml_common.first_stage import (
     ToolText,
     hybrid_relevance,
     normalised_lexical,
-    relevance_parts,
+    part_spans,
 )
 from pml_common.settings import Settings
 from pml_common.tenant_cache import TenantCache
+from pml_search.cosine_batches import CosineBatches
 from pml_search.ranking import top_k_indices
 from pml_search.vector_store import VectorPoint, VectorStore
 
@@ -184,9 +185,12 @@ def _go_on() -> None:
 class TenantMatrix:
     """Read cache of one tenant's vectors of one kind.
 
-    Rows live in a buffer whose capacity doubles, so adding entries one event at a time costs
-    amortised O(1) copies. Updating rows in place is safe: every reader (`top`) and writer runs
-    on the event loop thread without awaiting in between.
+    Rows live in one buffer per model of the embedder (contiguous: a request's dense pass reads
+    each model's columns whole), whose capacity doubles, so adding entries one event at a time
+    costs amortised O(1) copies. Writers run on the event loop thread. The dense pass of
+    concurrent requests runs in a worker thread (`CosineBatches`) over the first n rows: rows
+    appended meanwhile are past them, and a row replaced meanwhile is written into fresh copies
+    of the buffers, so a pass never reads a row half written.
     """
 
     def __init__(self, dim: int, parts: tuple[int, ...] | None = None) -> None:
@@ -196,7 +200,8 @@ class TenantMatrix:
         self.entries: list[CatalogEntry] = []
         self.hashes: list[str] = []
         self.index: dict[str, int] = {}
-        self._buffer = np.zeros((0, dim), dtype=np.float32)
+        self._buffers = [np.zeros((0, width), dtype=np.float32) for width in self.parts]
+        self._cosines = CosineBatches(self._rows)
         #: Bumped by every upsert; the lexical index says which version it was built from.
         self.version = 0
         self._lexical: LexicalIndex | None = None
@@ -208,7 +213,11 @@ class TenantMatrix:
 
     @property
     def vectors(self) -> np.ndarray:
-        return self._buffer[: len(self.entries)]
+        return np.hstack(self._rows())
+
+    def _rows(self) -> list[np.ndarray]:
+        """Each model's columns of the rows in use."""
+        return [buffer[: len(self.entries)] for buffer in self._buffers]
 
     def hash_of(self, node_id: str) -> str | None:
         i = self.index.get(node_id)
@@ -220,6 +229,8 @@ class TenantMatrix:
         vecs = np.asarray(vecs, dtype=np.float32).reshape(len(entries), self.dim)
         added = sum(1 for e in dict.fromkeys(e.id for e in entries) if e not in self.index)
         self._reserve(len(self.entries) + added)
+        if self._cosines.reading and any(e.id in self.index for e in entries):
+            self._buffers = [buffer.copy() for buffer in self._buffers]
         for entry, digest, vec in zip(entries, hashes, vecs, strict=True):
             i = self.index.get(entry.id)
             if i is None:
@@ -228,15 +239,19 @@ class TenantMatrix:
                 self.hashes.append(digest)
             else:
                 self.entries[i], self.hashes[i] = entry, digest
-            self._buffer[i] = vec
+            for buffer, (start, width) in zip(self._buffers, part_spans(self.parts), strict=True):
+                buffer[i] = vec[start : start + width]
         self.version += 1
 
     def _reserve(self, rows: int) -> None:
-        if rows <= self._buffer.shape[0]:
+        capacity = self._buffers[0].shape[0]
+        if rows <= capacity:
             return
-        grown = np.zeros((max(rows, 2 * self._buffer.shape[0], 64), self.dim), dtype=np.float32)
-        grown[: len(self.entries)] = self.vectors
-        self._buffer = grown
+        size = max(rows, 2 * capacity, 64)
+        grown = [np.zeros((size, width), dtype=np.float32) for width in self.parts]
+        for new, old in zip(grown, self._rows(), strict=True):
+            new[: len(old)] = old
+        self._buffers = grown
 
     async def lexical_index(self) -> LexicalIndex:
         """A lexical index of every entry upserted so far (rebuilt in a thread if stale)."""
@@ -265,10 +280,13 @@ class TenantMatrix:
         if not self.entries:
             return []
         index = await self.lexical_index() if retriever != DENSE else None
-        # No await from here on: the entries cannot change under the scores.
+        # The pass reads at least the rows the lexical index covers; rows added since (by a
+        # write still under way) have no lexical score yet.
+        cosines = await self._cosines.cosines(np.asarray(vectors, dtype=np.float32))
+        rows = cosines.shape[-1]
         parts = [
-            relevance_parts(self.vectors, self.parts, index, text, vector)
-            for text, vector in zip(texts, vectors, strict=True)
+            (cosines[:, j], _padded(index.scores(text), rows) if index else np.zeros(rows))
+            for j, text in enumerate(texts)
         ]
         models, bm25 = parts[0]
         dense, lexical = models.mean(axis=0), normalised_lexical(bm25)
@@ -280,6 +298,10 @@ class TenantMatrix:
             Scored(self.entries[i], float(relevance[i]), float(dense[i]), float(lexical[i]))
             for i in top_k_indices(relevance, k)
         ]
+
+
+def _padded(scores: np.ndarray, rows: int) -> np.ndarray:
+    return np.pad(scores, (0, rows - len(scores))) if len(scores) < rows else scores
 
 
 @dataclass(eq=False)

@@ -1,0 +1,81 @@
+"""CosineBatches: concurrent callers share one pass in a worker thread, each gets its own
+cosines, and a failing or cancelled caller leaves the others whole."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from pml_common.first_stage import part_cosines
+from pml_search import cosine_batches
+from pml_search.cosine_batches import CosineBatches
+
+RNG = np.random.default_rng(0)
+ROWS = [RNG.normal(size=(50, 4)).astype(np.float32), RNG.normal(size=(50, 3)).astype(np.float32)]
+
+
+def _held(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[int]]:
+    """Passes wait for the returned event; the list gets each pass's number of queries."""
+    release, sizes = threading.Event(), []
+
+    def held_pass(models: list[np.ndarray], queries: np.ndarray) -> np.ndarray:
+        sizes.append(len(queries))
+        release.wait(timeout=10)
+        return part_cosines(models, queries)
+
+    monkeypatch.setattr(cosine_batches, "part_cosines", held_pass)
+    return release, sizes
+
+
+async def _until(condition: object, what: str) -> None:
+    for _ in range(500):
+        if callable(condition) and condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never: {what}")
+
+
+async def test_callers_arriving_during_a_pass_share_the_next_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    release, sizes = _held(monkeypatch)
+    batches = CosineBatches(lambda: ROWS)
+    queries = [RNG.normal(size=(n, 7)).astype(np.float32) for n in (1, 2, 1, 3)]
+    first = asyncio.create_task(batches.cosines(queries[0]))
+    await _until(lambda: batches.reading, "the first pass started")
+    later = [asyncio.create_task(batches.cosines(q)) for q in queries[1:]]
+    await asyncio.sleep(0.05)
+    release.set()
+    results = await asyncio.gather(first, *later)
+    assert sizes == [1, 6]  # the three callers that came during the first pass: one pass
+    for query, result in zip(queries, results, strict=True):
+        np.testing.assert_allclose(result, part_cosines(ROWS, query), rtol=1e-5)
+    assert not batches.reading
+
+
+async def test_a_cancelled_caller_leaves_the_others_their_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    release, _ = _held(monkeypatch)
+    batches = CosineBatches(lambda: ROWS)
+    query = RNG.normal(size=(1, 7)).astype(np.float32)
+    gone = asyncio.create_task(batches.cosines(query))
+    kept = asyncio.create_task(batches.cosines(query))
+    await _until(lambda: batches.reading, "the pass started")
+    gone.cancel()
+    release.set()
+    np.testing.assert_allclose(await kept, part_cosines(ROWS, query), rtol=1e-5)
+    assert gone.cancelled()
+
+
+async def test_a_failing_pass_fails_its_callers_only() -> None:
+    broken = [np.zeros((5, 9), np.float32)]  # wider than the queries: the product fails
+    snapshots = iter([broken, ROWS])
+    batches = CosineBatches(lambda: next(snapshots))
+    query = RNG.normal(size=(1, 7)).astype(np.float32)
+    with pytest.raises(ValueError):
+        await batches.cosines(query)
+    np.testing.assert_allclose(await batches.cosines(query), part_cosines(ROWS, query), rtol=1e-5)
