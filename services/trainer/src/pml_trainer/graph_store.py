@@ -190,9 +190,11 @@ SET r.source = e.source, r.origin = e.origin, r.count = e.count, r.factor = e.fa
     r.weight = e.weight, r.updated_at = $at
 """
 
+# One record of rows: the async driver's cost per record made a 100,000-tool catalog take
+# seconds to read, and cold start reads it for every registration.
 _CATALOG = """
 MATCH (n:Tool {tenant_id: $tenant})
-RETURN n.id AS id, n.server AS server, n.name AS name, coalesce(n.description, '') AS description
+RETURN collect([n.id, n.server, n.name, coalesce(n.description, '')]) AS rows
 """
 
 _STATS = """
@@ -351,8 +353,8 @@ class GraphStore:
     # --- reads --------------------------------------------------------------------------------
 
     async def catalog(self, tenant: str) -> list[CatalogTool]:
-        records = await self._read(_CATALOG, tenant=tenant)
-        return [CatalogTool(r["id"], r["server"], r["name"], r["description"]) for r in records]
+        (record,) = await self._read(_CATALOG, tenant=tenant)
+        return [CatalogTool(*row) for row in record["rows"]]
 
     async def success_stats(self, tenant: str, ids: Sequence[str]) -> dict[str, NodeStats]:
         """Statistics of the named tools and capabilities; unknown ids are absent."""
