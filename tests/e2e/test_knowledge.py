@@ -302,6 +302,7 @@ def test_modes_degrade_gracefully(knowledge, tenants: tuple[str, str]) -> None:
     assert nothing.mode == knowledge_pb2.ANSWER_MODE_TEXT_ONLY
     assert not nothing.seed_concepts and not nothing.plan_context_ids
     assert len(nothing.chunks) == 3 and all(c.plan_weight == 0 for c in nothing.chunks)
+    assert nothing.topped_up_chunks == 3 and anchored.topped_up_chunks < 3
 
 
 # --- invariants (§9) -------------------------------------------------------------------------

@@ -125,4 +125,9 @@ def print_answer(console: Console, question: str, reply: knowledge_pb2.AskRespon
         console.print(_chunks(reply))
     else:
         console.print("[dim]no evidence chunk[/]")
+    if reply.topped_up_chunks and mode != "TEXT_ONLY":
+        console.print(
+            f"[dim]{reply.topped_up_chunks} chunk(s) from outside the evidence plan complete "
+            "the answer: the plan's sections held fewer than asked[/]"
+        )
     console.print(f"[dim]{_timings(reply.timings)}[/]")

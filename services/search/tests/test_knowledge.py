@@ -354,6 +354,33 @@ async def test_unproven_relations_alone_never_make_an_answer_reasoned(
     assert answer.chunks and all(c.hit.context_id for c in answer.chunks)
 
 
+@GRAPH_METHODS
+async def test_paths_follow_no_relation_below_the_minimum_confidence(
+    engine: KnowledgeEngine, built: str, method: str
+) -> None:
+    engine.reads.min_confidence = 0.8  # the evidenced chain is stored at 0.7
+    answer = await engine.ask(built, QUESTION, 4, method)
+    assert answer.paths == [] and answer.mode is Mode.ANCHORED
+    assert invariant_violations(answer) == []
+    engine.reads.min_confidence = 0.7
+    assert (await engine.ask(built, QUESTION, 4, method)).mode is Mode.REASONED
+
+
+async def test_chunks_from_outside_a_short_plan_are_counted_and_never_weighted(
+    engine: KnowledgeEngine, built: str
+) -> None:
+    question = "Where is the commercial proposal signed?"  # the plan: quotes and contracts
+    assert (await engine.ask(built, question, 2, "graph-first")).topped_up == 0
+    total = sum(len(doc.sections) for doc in DOCS)
+    every = await engine.ask(built, question, total, "graph-first")
+    outside = [c for c in every.chunks if c.hit.context_id not in every.plan.weights]
+    assert len(every.chunks) == total
+    assert every.topped_up == len(outside) > 0
+    assert all(c.plan_weight == 0 for c in outside)
+    assert every.chunks[-len(outside) :] == outside  # after every chunk of the plan
+    assert invariant_violations(every) == []
+
+
 @pytest.mark.parametrize("method", ["", "graph-ppr"])
 async def test_modes_degrade_gracefully(engine: KnowledgeEngine, built: str, method: str) -> None:
     anchored = await engine.ask(built, "Tell me about AI-assisted cloud transformation", 3, method)
@@ -365,6 +392,7 @@ async def test_modes_degrade_gracefully(engine: KnowledgeEngine, built: str, met
     assert nothing.reads == ["graph", "vector"]  # I1: the graph was asked first, even here
     assert nothing.seeds == [] and not nothing.plan
     assert len(nothing.chunks) == 3 and all(c.plan_weight == 0 for c in nothing.chunks)
+    assert nothing.topped_up == 3
     propagate = ["propagate"] if method == "graph-ppr" else []
     for answer in (anchored, nothing):
         assert invariant_violations(answer) == []

@@ -286,6 +286,14 @@ class Settings(BaseSettings):
         "least recently used tenants are dropped and read again from the store on their next "
         "request. Unused with a Qdrant server.",
     )
+    knowledge_min_confidence: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Ask's path search follows only relations of at least this confidence "
+        "(seed 001 §5.3 `min_confidence`). The rules verifier writes 0.6 and more; an LLM "
+        "verifier's weaker verdicts below it are kept in the graph but never walked.",
+    )
     planner_cache_max_nodes: int = Field(
         200_000,
         ge=1,

@@ -8,7 +8,8 @@ tenant's semantic graph; without the plugin, `KnowledgeReads.cypher_paths` is th
   `RECHECK_S`, so installing the plugin is noticed without restarting search).
 - Projection: one in-memory graph per tenant and search replica (named from the replica and a
   hash of the tenant: a name is data, passed as a parameter), projected with a Cypher
-  projection from the tenant's semantic relations, undirected, each with
+  projection from the tenant's semantic relations of at least `min_confidence`
+  (`PML_KNOWLEDGE_MIN_CONFIDENCE`, seed §5.3), undirected, each with
   `cost = −ln(confidence)`: the cheapest path is then the one whose product of confidences is
   highest (§5.3's `path_confidence`). It is dropped and projected again when the tenant's
   relations change (`invalidate`, called on Pass 3 and deletion events).
@@ -35,7 +36,7 @@ from typing import Any
 import structlog
 
 from pml_search import propagation
-from pml_search.knowledge_reads import RELATION_TYPES
+from pml_search.knowledge_reads import MIN_CONFIDENCE, RELATION_TYPES
 
 log = structlog.get_logger(__name__)
 
@@ -58,7 +59,7 @@ RETURN graphName
 
 _PROJECT = """
 MATCH (a:CanonicalConcept {tenant_id: $tenant})-[r]->(b:CanonicalConcept {tenant_id: $tenant})
-WHERE type(r) IN $types AND r.tenant_id = $tenant
+WHERE type(r) IN $types AND r.tenant_id = $tenant AND r.confidence >= $min_confidence
 WITH a, b, max(r.confidence) AS confidence
 WITH gds.graph.project(
   $graph, a, b,
@@ -167,9 +168,10 @@ def paths_of_rows(rows: Sequence[Mapping[str, Any]], max_hops: int) -> list[tupl
 class GdsPaths:
     """Yen's k-shortest paths through GDS, one projection per tenant, kept until invalidated."""
 
-    def __init__(self, read: Reader, replica: str) -> None:
+    def __init__(self, read: Reader, replica: str, min_confidence: float = MIN_CONFIDENCE) -> None:
         self._read = read
         self._replica = replica
+        self._min_confidence = min_confidence
         self._checked_at = -RECHECK_S
         self._available = False
         # tenant -> whether its projection holds any relation (an empty one is not created)
@@ -206,7 +208,12 @@ class GdsPaths:
     async def _project(self, tenant: str, graph: str) -> None:
         await self._read(_DROP, graph=graph)
         rows = await self._read(
-            _PROJECT, tenant=tenant, graph=graph, types=RELATION_TYPES, min_cost=MIN_COST
+            _PROJECT,
+            tenant=tenant,
+            graph=graph,
+            types=RELATION_TYPES,
+            min_cost=MIN_COST,
+            min_confidence=self._min_confidence,
         )
         relationships = int(rows[0]["relationships"] or 0) if rows else 0
         self._projected[tenant] = relationships > 0

@@ -22,7 +22,8 @@ invariants of §9 hold on every code path and are checked where the answer is ma
   the plan's context ids, never by chunk.
 
 When the plan's sections hold fewer than `k` chunks, the nearest chunks outside it complete the
-answer (plan weight 0), so an answer always has `k` chunks when the tenant has them.
+answer (plan weight 0, never weighted as plan evidence), so an answer always has `k` chunks when
+the tenant has them; the answer says how many (`topped_up`: all of them for TEXT_ONLY).
 Each stage runs in its own span and is timed in the answer. The question is embedded while the
 graph is queried (that reads no store); the `embed` stage is what is left to wait for it.
 """
@@ -106,6 +107,8 @@ class Answer:
     propagation: str = ""
     #: Store reads in the order they happened ("graph" / "vector"), for invariant I1.
     reads: list[str] = field(default_factory=list)
+    #: Chunks from outside the plan that complete the answer (the plan held fewer than k).
+    topped_up: int = 0
 
 
 class KnowledgeEngine:
@@ -153,6 +156,7 @@ class KnowledgeEngine:
             answer.reads.append("vector")
             hits = await self.chunks.search(tenant, vector, k)
         answer.chunks = [RankedChunk(h, h.score, h.score, 0.0) for h in hits]
+        answer.topped_up = len(answer.chunks)
         return answer
 
     # --- graph first ----------------------------------------------------------------------
@@ -198,7 +202,10 @@ class KnowledgeEngine:
         with stages.stage("vector") as span:
             answer.reads.append("vector")
             answer.chunks = await self._evidence_chunks(tenant, vector, k, answer.plan)
+            planned = answer.plan.weights
+            answer.topped_up = sum(c.hit.context_id not in planned for c in answer.chunks)
             span.set_attribute("pml.mode", answer.mode.value)
+            span.set_attribute("pml.topped_up", answer.topped_up)
         return answer
 
     async def _paths(

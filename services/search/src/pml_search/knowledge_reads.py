@@ -30,6 +30,7 @@ from typing import Any
 import neo4j
 
 from pml_common.knowledge_graph import SEMANTIC_RELATION_TYPES
+from pml_common.settings import Settings
 from pml_search.paths import Edge, Evidence
 
 #: Relation types a path may follow: the Pass 3 whitelist (a parameter of every path query).
@@ -37,6 +38,8 @@ RELATION_TYPES = sorted(SEMANTIC_RELATION_TYPES)
 #: Paths per seed pair of the Cypher fallback (the literal of `SHORTEST 5` below; seed §8bis
 #: returns k = 5 paths).
 PATHS_PER_PAIR = 5
+#: Default of the lowest confidence of a relation a path follows: the setting's.
+MIN_CONFIDENCE: float = Settings.model_fields["knowledge_min_confidence"].default
 #: How long the tenant's section count (the N of the document frequency) is reused.
 SECTION_COUNT_TTL_S = 30.0
 
@@ -112,14 +115,15 @@ RETURN collect([c.canonical_name, sections, topic, seen_in]) AS bridges
 """
 
 # The Cypher fallback of GDS Yen: shortest paths by hops over the semantic relations of the
-# tenant, undirected, 1 to 3 hops (seed §5.3), up to 5 per pair.
+# tenant of at least `min_confidence`, undirected, 1 to 3 hops (seed §5.3), up to 5 per pair.
 _CYPHER_PATHS = """
 UNWIND $pairs AS pair
 MATCH (a:CanonicalConcept {tenant_id: $tenant, canonical_name: pair[0]})
 MATCH (b:CanonicalConcept {tenant_id: $tenant, canonical_name: pair[1]})
 CALL (a, b) {
   MATCH p = SHORTEST 5 (a)
-        ((x:CanonicalConcept)-[r WHERE r.tenant_id = $tenant AND type(r) IN $types]-
+        ((x:CanonicalConcept)-[r WHERE r.tenant_id = $tenant AND type(r) IN $types
+                                  AND r.confidence >= $min_confidence]-
          (y:CanonicalConcept WHERE y.tenant_id = $tenant)){1,3}
         (b)
   RETURN p
@@ -127,12 +131,12 @@ CALL (a, b) {
 RETURN [n IN nodes(p) | n.canonical_name] AS nodes
 """
 
-# Every stored semantic relation between each pair, either direction.
+# Every stored semantic relation between each pair, either direction, that a path may follow.
 _EDGES = """
 UNWIND $pairs AS pair
 MATCH (a:CanonicalConcept {tenant_id: $tenant, canonical_name: pair[0]})
       -[r]-(b:CanonicalConcept {tenant_id: $tenant, canonical_name: pair[1]})
-WHERE type(r) IN $types AND r.tenant_id = $tenant
+WHERE type(r) IN $types AND r.tenant_id = $tenant AND r.confidence >= $min_confidence
 RETURN DISTINCT startNode(r).canonical_name AS source, type(r) AS relation,
        endNode(r).canonical_name AS target, r.confidence AS confidence,
        coalesce(r.evidence_context_ids, r.evidence_ids, []) AS context_ids,
@@ -247,9 +251,13 @@ class GraphRows:
 class KnowledgeReads:
     """The read queries of the knowledge graph of one Neo4j database."""
 
-    def __init__(self, driver: neo4j.AsyncDriver, database: str) -> None:
+    def __init__(
+        self, driver: neo4j.AsyncDriver, database: str, min_confidence: float = MIN_CONFIDENCE
+    ) -> None:
         self._driver = driver
         self._database = database
+        #: Relations below it are never walked by a path (`cypher_paths`, `edges`).
+        self.min_confidence = min_confidence
         self._section_counts: dict[str, tuple[float, int]] = {}
 
     async def anchors(
@@ -317,7 +325,11 @@ class KnowledgeReads:
         if not pairs:
             return []
         rows = await self._read(
-            _CYPHER_PATHS, tenant=tenant, pairs=[list(p) for p in pairs], types=RELATION_TYPES
+            _CYPHER_PATHS,
+            tenant=tenant,
+            pairs=[list(p) for p in pairs],
+            types=RELATION_TYPES,
+            min_confidence=self.min_confidence,
         )
         return [tuple(r["nodes"]) for r in rows]
 
@@ -326,7 +338,11 @@ class KnowledgeReads:
         if not pairs:
             return []
         rows = await self._read(
-            _EDGES, tenant=tenant, pairs=[list(p) for p in pairs], types=RELATION_TYPES
+            _EDGES,
+            tenant=tenant,
+            pairs=[list(p) for p in pairs],
+            types=RELATION_TYPES,
+            min_confidence=self.min_confidence,
         )
         return [_edge(r) for r in rows]
 

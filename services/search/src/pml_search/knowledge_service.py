@@ -54,6 +54,7 @@ class KnowledgeServicer(knowledge_pb2_grpc.KnowledgeServiceServicer):
             seeds=len(answer.seeds),
             paths=len(answer.paths),
             chunks=len(answer.chunks),
+            topped_up=answer.topped_up,
         )
         return answer_proto(answer)
 
@@ -67,6 +68,7 @@ def answer_proto(answer: Answer) -> knowledge_pb2.AskResponse:
         timings=[common_pb2.StageTiming(stage=s, ms=ms) for s, ms in answer.stages.timings],
         path_finder=answer.path_finder,
         plan_context_ids=answer.plan.ordered(),
+        topped_up_chunks=answer.topped_up,
     )
 
 

@@ -77,8 +77,10 @@ class SearchApp:
         )
         ChunkConsumers(self.chunks, LatestWins(self._redis, CHUNK_GROUP)).subscribe(self.bus)
         self._cache_group = consumers.subscribe(self.bus, settings.consumer_name)
-        reads = KnowledgeReads(self._driver, settings.neo4j_database)
-        gds = GdsPaths(reads.read, settings.consumer_name)
+        reads = KnowledgeReads(
+            self._driver, settings.neo4j_database, settings.knowledge_min_confidence
+        )
+        gds = GdsPaths(reads.read, settings.consumer_name, reads.min_confidence)
         pagerank = GdsPageRank(reads.read, settings.consumer_name)
         propagation = Propagation(reads)
         self.knowledge = KnowledgeEngine(reads, gds, self.chunks, propagation, pagerank)
