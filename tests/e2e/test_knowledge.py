@@ -298,6 +298,10 @@ def test_modes_degrade_gracefully(knowledge, tenants: tuple[str, str]) -> None:
     assert not anchored.paths
     assert documents(anchored)[0] == "digital.md"
     assert anchored.chunks[0].plan_weight > 0
+    # each seed says what made it one
+    assert [seed.key for seed in anchored.seeds] == list(anchored.seed_concepts)
+    assert all(0 < seed.weight <= 1 for seed in anchored.seeds)
+    assert any(seed.sections >= 1 for seed in anchored.seeds)
     nothing = ask(knowledge, a, "Where do zebras graze at dawn?", k=3)
     assert nothing.mode == knowledge_pb2.ANSWER_MODE_TEXT_ONLY
     assert not nothing.seed_concepts and not nothing.plan_context_ids
@@ -352,6 +356,7 @@ def test_pml_ask_prints_the_answer(pml, tenants: tuple[str, str]) -> None:
     assert shown.returncode == 0, shown.stderr
     assert "REASONED" in shown.stdout and "PART_OF" in shown.stdout
     assert "The commercial proposal is part of Solution Quotation" in shown.stdout
+    assert "commercial proposal (" in " ".join(shown.stdout.split())  # a seed, and why
     as_json = pml("ask", AMBIGUOUS, "--tenant", a, "--json")
     reply = json.loads(as_json.stdout)
     assert reply["mode"] == "ANSWER_MODE_REASONED" and len(reply["chunks"]) == 8

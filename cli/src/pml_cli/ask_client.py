@@ -109,6 +109,14 @@ def _timings(timings: Sequence[common_pb2.StageTiming]) -> str:
     return " · ".join(parts) + f"  (total {total:.1f} ms)"
 
 
+def _seed(seed: knowledge_pb2.SeedConcept) -> str:
+    """A seed and what made it one: its weight, the sections mentioning it, a topic it names."""
+    why = [f"{seed.weight:.2f}", f"{seed.sections} section{'s' if seed.sections != 1 else ''}"]
+    why += ["topic"] if seed.topic else []
+    why += ["inside a longer seed"] if seed.subsumed else []
+    return f"{seed.key} ({', '.join(why)})"
+
+
 def print_answer(console: Console, question: str, reply: knowledge_pb2.AskResponse) -> None:
     mode = mode_name(reply)
     header = Text()
@@ -116,7 +124,7 @@ def print_answer(console: Console, question: str, reply: knowledge_pb2.AskRespon
     header.append(f" — {_MODE_NOTE.get(mode, '')}")
     if reply.path_finder:
         header.append(f"   (paths: {reply.path_finder})", style="dim")
-    seeds = ", ".join(reply.seed_concepts) or "none"
+    seeds = ", ".join(_seed(s) for s in reply.seeds) or "none"
     parts: list[RenderableType] = [header, Text(f"seed concepts: {seeds}", style="dim")]
     if reply.paths:
         parts += [Text(""), Text("Paths", style="bold underline"), *_paths(reply)]

@@ -63,6 +63,17 @@ def answer_proto(answer: Answer) -> knowledge_pb2.AskResponse:
     return knowledge_pb2.AskResponse(
         mode=MODE_ENUM[answer.mode],
         seed_concepts=[s.key for s in answer.seeds],
+        seeds=[
+            knowledge_pb2.SeedConcept(
+                key=s.key,
+                name=s.name,
+                weight=s.weight,
+                sections=s.sections,
+                topic=s.topic,
+                subsumed=s.subsumed,
+            )
+            for s in answer.seeds
+        ],
         paths=[_path_proto(p) for p in answer.paths],
         chunks=[_chunk_proto(c) for c in answer.chunks],
         timings=[common_pb2.StageTiming(stage=s, ms=ms) for s, ms in answer.stages.timings],
