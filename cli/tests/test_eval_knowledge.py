@@ -4,6 +4,8 @@ corpus tenant, and the wait for search's chunk indexing (on the suite's real Red
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -87,9 +89,25 @@ def test_waits_until_search_has_acknowledged_every_chunk_event(
     client.xack(stream, CHUNK_GROUP, read[0][1][0][0])
     assert _chunk_backlog(client, stream) == 1
     with pytest.raises(EvalError, match="backlog 1"):
-        wait_chunks_indexed(settings, Console(quiet=True), timeout_s=0.5, stream=stream)
+        wait_chunks_indexed(settings, Console(quiet=True), stall_s=0.5, stream=stream)
     for _, entries in client.xreadgroup(CHUNK_GROUP, "search-1", {stream: ">"}):
         client.xack(stream, CHUNK_GROUP, *[entry_id for entry_id, _ in entries])
-    wait_chunks_indexed(settings, Console(quiet=True), timeout_s=5, stream=stream)
+    wait_chunks_indexed(settings, Console(quiet=True), stall_s=5, stream=stream)
+    # A backlog that keeps shrinking is waited for longer than it may stall.
+    for _ in range(8):
+        client.xadd(stream, {"data": "{}"})
+    read = client.xreadgroup(CHUNK_GROUP, "search-1", {stream: ">"})[0][1]
+
+    def ack_slowly() -> None:
+        for entry_id, _ in read:
+            time.sleep(0.5)
+            client.xack(stream, CHUNK_GROUP, entry_id)
+
+    acking = threading.Thread(target=ack_slowly)
+    acking.start()
+    started = time.monotonic()
+    wait_chunks_indexed(settings, Console(quiet=True), stall_s=2.0, stream=stream)
+    assert time.monotonic() - started > 2.0  # 8 acks half a second apart
+    acking.join()
     client.delete(stream)
     client.close()

@@ -147,18 +147,24 @@ def _chunk_backlog(client: redis.Redis, stream: str = Streams.CHUNKS_EXTRACTED) 
 def wait_chunks_indexed(
     settings: Settings,
     console: Console,
-    timeout_s: float = 600.0,
+    stall_s: float = 600.0,
     stream: str = Streams.CHUNKS_EXTRACTED,
 ) -> None:
     """Pass statuses say when the graph is done; search indexes the chunks from
-    `ChunksExtracted` on its own: wait until its group has read and acknowledged every entry."""
+    `ChunksExtracted` on its own: wait until its group has read and acknowledged every entry,
+    for as long as the backlog keeps shrinking (an error once it stayed `stall_s` without)."""
     client = redis.Redis.from_url(settings.redis_url, **redis_credentials(settings))
-    deadline = time.monotonic() + timeout_s
+    deadline, smallest = time.monotonic() + stall_s, None
     try:
         with console.status("search: indexing the chunks…") as status:
             while (backlog := _chunk_backlog(client, stream)) != 0:
+                if backlog is not None and (smallest is None or backlog < smallest):
+                    deadline, smallest = time.monotonic() + stall_s, backlog
                 if time.monotonic() > deadline:
-                    raise EvalError(f"search has not indexed the chunks (backlog {backlog})")
+                    raise EvalError(
+                        f"search has not indexed the chunks (backlog {backlog}, "
+                        f"unchanged for {stall_s:.0f} s)"
+                    )
                 left = "starting" if backlog is None else f"{backlog} batch(es) of chunks left"
                 status.update(f"search: indexing the chunks ({left})…")
                 time.sleep(0.5)
