@@ -202,6 +202,36 @@ async def test_the_lexical_retriever_reads_names_fields_and_chinese(
     assert await top("schedule meeting", LEXICAL) == "cal:create_event"
 
 
+async def test_a_request_that_gives_up_leaves_the_tenants_read_for_the_next_one(
+    parts: tuple[QdrantVectorStore, CatalogIndex], tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large tenant's first read can outlast a client's deadline: the read goes on, once."""
+    store, writer = parts
+    await writer.index(tenant, TOOL, [_tool(tenant, "fs:read_file", "Read a file")])
+    reader = CatalogIndex(store, writer.embedder)
+    reads, release = [], asyncio.Event()
+    load = reader._load
+
+    async def slow_load(name: str, kind: str) -> TenantMatrix:
+        reads.append(name)
+        await release.wait()
+        return await load(name, kind)
+
+    monkeypatch.setattr(reader, "_load", slow_load)
+    impatient = asyncio.create_task(reader.get(tenant, TOOL, "fs:read_file"))
+    await asyncio.sleep(0.05)
+    impatient.cancel()  # its deadline passed
+    with pytest.raises(asyncio.CancelledError):
+        await impatient
+    patient = [asyncio.create_task(reader.get(tenant, TOOL, "fs:read_file")) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    release.set()
+    found = await asyncio.gather(*patient)
+    assert [entry.id for entry in found if entry] == ["fs:read_file", "fs:read_file"]
+    assert reads == [tenant]  # one read of the store for the three requests
+    assert reader.is_cached(tenant, TOOL)
+
+
 async def test_an_entry_announced_while_a_replica_reads_the_catalog_is_not_lost(
     parts: tuple[QdrantVectorStore, CatalogIndex], tenant: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

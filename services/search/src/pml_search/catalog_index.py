@@ -306,9 +306,17 @@ def _padded(scores: np.ndarray, rows: int) -> np.ndarray:
 
 @dataclass(eq=False)
 class _Load:
-    """A read of one tenant's entries under way; a deletion meanwhile makes it stale."""
+    """A read of one tenant's entries under way, shared by every request that needs them; a
+    deletion meanwhile makes it stale."""
 
+    task: asyncio.Task[TenantMatrix] | None = None
     stale: bool = False
+
+
+def _retrieved(task: asyncio.Task[TenantMatrix]) -> None:
+    """A shared read that failed when nobody waited for it any more is logged, not lost."""
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.warning("catalog cache read failed", error=repr(error))
 
 
 def _weight(matrix: TenantMatrix) -> int:
@@ -334,9 +342,9 @@ class CatalogIndex:
         self._cache: TenantCache[tuple[str, str], TenantMatrix] = TenantCache(
             "search.catalog", max_entries, _weight, busy=lambda key: self._writing(key[0])
         )
-        # Reads of the store under way, per (tenant, kind): see `is_cached`. Only while they
-        # run, so nothing here outlives a request.
-        self._loading: dict[tuple[str, str], list[_Load]] = {}
+        # Reads of the store under way, per (tenant, kind): see `is_cached` and `_matrix`. Only
+        # while they run.
+        self._loading: dict[tuple[str, str], _Load] = {}
         # Held by writers only; a lock nobody holds or waits for is forgotten with its tenant.
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
@@ -482,7 +490,7 @@ class CatalogIndex:
             for kind, collection in self.collections.items():
                 deleted += await self._store.delete(collection, {"tenant_id": tenant})
                 self._cache.pop((tenant, kind))
-                for load in self._loading.get((tenant, kind), ()):
+                if (load := self._loading.get((tenant, kind))) is not None:
                     load.stale = True
             return deleted
 
@@ -531,20 +539,29 @@ class CatalogIndex:
         return lock is not None and lock.locked()
 
     async def _matrix(self, tenant: str, kind: str) -> TenantMatrix:
-        """The tenant's cached matrix, read from the store if need be."""
+        """The tenant's cached matrix, read from the store if need be.
+
+        Requests share one read, and a request that gives up (its deadline, a cancel) leaves it
+        running for the next: a large tenant's first read (100,000 tools) can take longer than
+        a client waits, and restarting it with every request would never serve the tenant.
+        """
         key = (tenant, kind)
         matrix = self._cache.get(key)
         if matrix is not None:
             return matrix
-        load = _Load()
-        self._loading.setdefault(key, []).append(load)
+        load = self._loading.get(key)
+        if load is None:
+            load = self._loading[key] = _Load()
+            load.task = asyncio.create_task(self._load_once(key, load))
+            load.task.add_done_callback(_retrieved)
+        assert load.task is not None
+        return await asyncio.shield(load.task)
+
+    async def _load_once(self, key: tuple[str, str], load: _Load) -> TenantMatrix:
         try:
-            matrix = await self._load(tenant, kind)
+            matrix = await self._load(*key)
         finally:
-            loads = self._loading[key]
-            loads.remove(load)
-            if not loads:
-                del self._loading[key]
+            del self._loading[key]
         if load.stale:
             return TenantMatrix(self._embedder.dim, self._parts)  # deleted meanwhile: serve nothing
         return self._cache.setdefault(key, matrix)
