@@ -32,6 +32,18 @@ def test_bench_search_beside_a_registration_prints_the_phases_side_by_side() -> 
     assert [next(p for p in phases if line.startswith(p)) for line in lines] == phases
 
 
+def test_bench_search_reports_registration_first_request_and_both_sides() -> None:
+    env = {"PML_SEARCH_ADDR": "127.0.0.1:9"}  # a private system, as above
+    args = ["bench", "search", "--tools", "30", "--requests", "12", "--clients", "3", "--json"]
+    result = CliRunner().invoke(app, args, env=env)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["tools"], report["clients"], report["requests"]) == (30, 3, 12)
+    assert report["register_s"] > 0 and report["first_search_ms"] > 0
+    assert 0 < report["p50_ms"] <= report["p99_ms"]
+    assert 0 < report["inproc_p50_ms"] <= report["inproc_p99_ms"]
+
+
 def test_bench_search_refuses_more_neighbour_tools_than_a_request_may_hold() -> None:
     result = CliRunner().invoke(app, ["bench", "search", "--neighbour-tools", "50001"])
     assert result.exit_code == 2
