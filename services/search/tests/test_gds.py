@@ -79,9 +79,9 @@ async def test_projection_once_per_tenant_until_invalidated() -> None:
 
 async def test_queries_carry_everything_as_parameters() -> None:
     reader = RecordingReader(ROWS)
-    gds = GdsPaths(reader, "replica-1")
+    gds = GdsPaths(reader, "replica-1", min_confidence=0.65)
     await gds.paths("tenant x'})", [("a", "d")], k=5, max_hops=3)
-    _, project = next(c for c in reader.calls if "gds.graph.project" in c[0])
+    project_query, project = next(c for c in reader.calls if "gds.graph.project" in c[0])
     yen_query, yen = next(c for c in reader.calls if "yens.stream" in c[0])
     name = graph_name("replica-1", "tenant x'})")
     assert project == {
@@ -89,7 +89,9 @@ async def test_queries_carry_everything_as_parameters() -> None:
         "graph": name,
         "types": RELATION_TYPES,
         "min_cost": project["min_cost"],
+        "min_confidence": 0.65,  # seed §5.3: weaker relations are not projected
     }
+    assert "r.confidence >= $min_confidence" in project_query
     assert yen == {"tenant": "tenant x'})", "graph": name, "pairs": [["a", "d"]], "k": 5}
     assert "tenant x" not in yen_query and name not in yen_query
     for key in ("sourceNode", "targetNode", "k: $k", "relationshipWeightProperty: 'cost'"):
