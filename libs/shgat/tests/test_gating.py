@@ -8,6 +8,7 @@ import pytest
 from pml_shgat.gating import (
     MIN_NOVEL,
     WEIGHT_GRID,
+    WITHDRAWN,
     Judged,
     better,
     choose_weight,
@@ -100,3 +101,21 @@ def test_too_few_novel_executions_bar_nothing() -> None:
     verdict = judge(first, first, correction, judged, min_judged=3)
     assert verdict.weight > 0.0 and verdict.accepted
     assert verdict.novel_candidate.recall_at_1 < verdict.novel_first_stage.recall_at_1
+
+
+def test_a_serving_version_the_first_stage_now_beats_is_withdrawn() -> None:
+    """Admitted on an earlier held-back set, the serving correction now ranks the executed
+    tools below the first stage: a candidate that adds nothing (weight 0) replaces it."""
+    rng = np.random.default_rng(3)
+    judged = [Judged((int(i),)) for i in rng.integers(0, 20, size=30)]
+    first = [rng.random(20) + np.eye(20)[j.relevant[0]] for j in judged]
+    wrong = [np.eye(20)[(j.relevant[0] + 1) % 20] for j in judged]
+    serving = [served_scores(f, w, 4.0) for f, w in zip(first, wrong, strict=True)]
+    useless = [np.zeros(20) for _ in judged]
+    verdict = judge(first, serving, useless, judged, min_judged=3)
+    assert verdict.accepted and verdict.reason == WITHDRAWN and verdict.weight == 0.0
+    assert verdict.candidate == verdict.first_stage
+    assert better(verdict.first_stage, verdict.serving)
+    # the same candidate while the first stage itself is served: nothing to withdraw
+    again = judge(first, first, useless, judged, min_judged=3)
+    assert not again.accepted and "serving" in again.reason

@@ -9,6 +9,11 @@ w = 0 is always in the grid, so on that set the served ranking is never worse th
 stage's. A candidate version replaces the serving one only if it ranks the executed tools of the
 held-back executions better than both the serving combination and the first stage alone.
 
+The serving version is judged again at every round, on the held-back executions of the time
+(which no version trained on). When the first stage alone ranks them better than it, the new
+version is published with weight 0: the correction is withdrawn rather than left to serve on
+the strength of an earlier, smaller held-back set.
+
 Held-back executions resemble the ones trained on, so a correction can look good on them by
 recalling the workflows it has seen while it hurts tasks of a new kind. Those held back whose
 set of tools no trained execution ran (*novel*) stand for that new work: when there are enough
@@ -40,6 +45,9 @@ MRR_MARGIN = 0.005
 MIN_NOVEL = 5
 
 FloatArray = NDArray[np.floating]
+#: The verdict's reason when the first stage alone replaces a serving version that ranks the
+#: held-back executions worse than it (the new version carries weight 0).
+WITHDRAWN = "withdraws the serving version: the first stage alone ranks held-back executions better"
 #: Name of the correction weight in a published version's metrics.
 WEIGHT_METRIC = "correction_weight"
 
@@ -194,7 +202,8 @@ def judge(
     min_judged: int = 1,
 ) -> Verdict:
     """Admit the candidate only if, with its best weight, it beats both the serving combination
-    and the first stage alone on the held-back executions `judged`.
+    and the first stage alone on the held-back executions `judged`, or if its best weight is 0
+    and the first stage alone beats the serving combination (`WITHDRAWN`).
 
     `serving` are the scores served now (the first stage itself before any version was admitted).
     """
@@ -213,6 +222,10 @@ def judge(
         reason, accepted = f"{len(judged)} held-back executions, {min_judged} needed", False
     elif not better(cand, now):
         reason, accepted = "not better than the serving version on held-back executions", False
+    elif weight == 0.0:
+        # The candidate is the first stage itself, and it beats what is served: the serving
+        # version was admitted on fewer or other held-back executions and no longer holds.
+        reason, accepted = WITHDRAWN, True
     elif not better(cand, base):
         reason, accepted = "not better than the first stage on held-back executions", False
     else:
