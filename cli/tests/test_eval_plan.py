@@ -41,6 +41,8 @@ def test_sequence_source_and_min_steps() -> None:
     assert sequence_source([ordered[0], q("3", ["a", "b"])]) == "mixed"
     assert [x.id for x in plan_queries(ordered, 2)] == ["1"]
     assert [x.id for x in plan_queries([q("4", ["a", "a"])], 2)] == []  # repeats dropped
+    levels = [q("L3-1", ["a", "b"]), q("L4-1", ["a", "b"]), q("L2-1", ["a", "b"])]
+    assert [x.id for x in plan_queries(levels, 2, ("L3", "L4"))] == ["L3-1", "L4-1"]
 
 
 def test_capabilities_keep_sequence_order() -> None:

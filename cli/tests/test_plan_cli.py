@@ -135,6 +135,14 @@ def test_eval_plan_bad_input(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "cannot read" in result.stderr
     result = runner.invoke(app, ["eval", "plan", "--data", str(tmp_path), "--folds", "x"])
     assert result.exit_code == 2
+    (tmp_path / "catalog.jsonl").write_text(
+        json.dumps({"id": "s:a", "name": "a", "server": "s", "description": "a"}) + "\n"
+    )
+    (tmp_path / "queries.jsonl").write_text(
+        json.dumps({"id": "L3-1", "query": "x", "relevant": ["s:a", "s:b"]}) + "\n"
+    )
+    result = runner.invoke(app, ["eval", "plan", "--data", str(tmp_path), "--id-prefix", "L4"])
+    assert result.exit_code == 1 and "an id starting with L4" in result.stderr
 
 
 def test_make_workflows(tmp_path: Path) -> None:

@@ -115,9 +115,16 @@ def sequence_source(queries: Sequence[ToolQuery]) -> str:
     return "relevant" if having == 0 else "mixed"
 
 
-def plan_queries(queries: Sequence[ToolQuery], min_steps: int) -> list[ToolQuery]:
-    """Queries with at least `min_steps` distinct steps."""
-    return [q for q in queries if len(steps_of(q)) >= min_steps]
+def plan_queries(
+    queries: Sequence[ToolQuery], min_steps: int, id_prefixes: tuple[str, ...] = ()
+) -> list[ToolQuery]:
+    """Queries with at least `min_steps` distinct steps (and an id starting with one of
+    `id_prefixes`, when any)."""
+    return [
+        q
+        for q in queries
+        if len(steps_of(q)) >= min_steps and (not id_prefixes or q.id.startswith(id_prefixes))
+    ]
 
 
 def candidates_of(reply: planner_pb2.PredictNextResponse) -> list[str]:
@@ -144,14 +151,17 @@ def evaluate_plan(
     split: str = "query",
     seed: int = SPLIT_SEED,
     per_query: Path | None = None,
+    id_prefixes: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     methods = methods_of(method)
     if min_steps < 1:
         raise EvalError("--min-steps must be at least 1")
     tools = load_tool_catalog(data)
-    queries = plan_queries(load_queries(data / "queries.jsonl"), min_steps)[:max_queries]
+    loaded = load_queries(data / "queries.jsonl")
+    queries = plan_queries(loaded, min_steps, id_prefixes)[:max_queries]
     if not queries:
-        raise EvalError(f"{data / 'queries.jsonl'}: no query with {min_steps}+ steps")
+        named = f" and an id starting with {' or '.join(id_prefixes)}" if id_prefixes else ""
+        raise EvalError(f"{data / 'queries.jsonl'}: no query with {min_steps}+ steps{named}")
     check_unique_ids(queries)
     queries, truncated = fit_queries(queries, settings.max_query_chars)
     source = sequence_source(queries)
@@ -190,6 +200,7 @@ def evaluate_plan(
         "seed": seed,
         "folds": folds,
         "min_steps": min_steps,
+        "id_prefixes": list(id_prefixes),
         "sequence_from": source,
         "queries": len(queries),
         "truncated": truncated,

@@ -45,6 +45,13 @@ out = Console()
 
 DEMO_CATALOG = Path(__file__).parent / "demo" / "catalog.jsonl"
 TenantOpt = Annotated[str | None, typer.Option("--tenant", help="Tenant (default: settings).")]
+IdPrefixOption = Annotated[
+    str,
+    typer.Option(
+        help="Keep queries whose id starts with one of these comma-separated prefixes "
+        "(e.g. etom-L3,etom-L4)."
+    ),
+]
 
 
 def _emit(result: dict[str, Any], as_json: bool) -> None:
@@ -409,13 +416,7 @@ def eval_tools(
     per_query: Annotated[
         Path | None, typer.Option(help="Write one JSON line per (method, query) to this file.")
     ] = None,
-    id_prefix: Annotated[
-        str,
-        typer.Option(
-            help="Keep queries whose id starts with one of these comma-separated prefixes "
-            "(e.g. etom-L3,etom-L4)."
-        ),
-    ] = "",
+    id_prefix: IdPrefixOption = "",
 ) -> None:
     """Tool retrieval metrics of one or several methods on DATA, through the running system."""
     from pml_cli.eval_data import QuerySelection
@@ -425,7 +426,7 @@ def eval_tools(
     settings = Settings()
     with _reported():
         selection = QuerySelection(
-            id_prefixes=tuple(p.strip() for p in id_prefix.split(",") if p.strip()),
+            id_prefixes=_prefixes(id_prefix),
             min_relevant=min_relevant,
             max_queries=max_queries,
         )
@@ -561,15 +562,31 @@ def eval_plan(
         Path | None, typer.Option(help="Write one JSON line per (method, query) to this file.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    id_prefix: IdPrefixOption = "",
 ) -> None:
     """Next-step hits and DAG node/edge F1 against each query's `sequence`, K-fold."""
     from pml_cli.eval_plan import evaluate_plan
 
     with _reported():
         result = evaluate_plan(
-            Settings(), data, method, folds, min_steps, max_queries, err, split, seed, per_query
+            Settings(),
+            data,
+            method,
+            folds,
+            min_steps,
+            max_queries,
+            err,
+            split,
+            seed,
+            per_query,
+            _prefixes(id_prefix),
         )
     _emit(result, as_json)
+
+
+def _prefixes(spec: str) -> tuple[str, ...]:
+    """`--id-prefix a,b` as its non-empty prefixes."""
+    return tuple(p.strip() for p in spec.split(",") if p.strip())
 
 
 @eval_app.command("make-workflows")
