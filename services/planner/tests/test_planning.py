@@ -63,7 +63,8 @@ def test_dag_of_a_nested_capability_and_its_reliability() -> None:
 def test_next_step_follows_the_target_dag_after_the_context() -> None:
     planner = TenantPlanner.build(_graph())
     plan = planner.predict_next(planner.target(Candidate("A", 0.9)), ["s:a"], k=3)
-    assert [c.id for c in plan.candidates] == ["s:b"]
+    # A's next tool, then the legacy heuristic's successors of s:a (none observed: the rest)
+    assert [c.id for c in plan.candidates] == ["s:b", "s:c", "s:x"]
     assert plan.path[0] == "s:a" and plan.path[-1] == "A"
     cold = planner.predict_next(planner.target(Candidate("B", 0.9)), [], k=3)
     assert [c.id for c in cold.candidates] == ["s:c", "s:x"]
@@ -111,3 +112,30 @@ def test_outcomes_of_suggestions() -> None:
         == "failure"
     )
     assert outcome_of("dag", ["s:a", "s:b", "s:c"], run("success", [("s:x", True)])) == "ignored"
+
+
+def test_a_context_that_contradicts_the_intents_first_target_moves_the_target() -> None:
+    planner = TenantPlanner.build(_graph())
+    intent = [Candidate("A", 0.9), Candidate("B", 0.6)]
+    target = planner.choose_target(intent)
+    assert target is not None and target.id == "A"  # the intent alone
+    # The agent ran B's first tool: B holds the context, A none of it.
+    moved = planner.choose_target(intent, ["s:c"])
+    assert moved is not None and moved.id == "B"
+    # A capability the intent did not rank at all is found through the tool it holds.
+    found = planner.choose_target([Candidate("A", 0.9)], ["s:x"])
+    assert found is not None and found.id == "B"
+    # A target whose tools have all been run has nothing left to offer.
+    done = planner.choose_target(intent, ["s:a", "s:b"])
+    assert done is not None and done.id != "A"
+    plan = planner.predict_next(moved, ["s:c"], k=3)
+    assert plan.candidates[0].id == "s:x"
+
+
+def test_the_next_step_falls_back_on_the_current_tools_observed_successors() -> None:
+    links = (LinkInfo("s:b", "s:c", "sequence", "observed", 5, 0.5),)
+    planner = TenantPlanner.build(_graph(links=links))
+    target = planner.target(Candidate("A", 0.9))
+    # A's plan is run to its end: what followed s:b in other executions comes next.
+    plan = planner.predict_next(target, ["s:a", "s:b"], k=3)
+    assert plan.candidates[0].id == "s:c"

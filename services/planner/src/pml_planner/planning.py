@@ -10,9 +10,12 @@ destination (ADR-038 §2.3), with the weight the trainer stored: type weight × 
 hyperedges that changed, so DR-DSP repairs its kept trees instead of recomputing them.
 
 Methods:
-- `drdsp`: the target capability comes from the caller (SHGAT, or search before a model is
-  trained); the DAG is DR-DSP's dependency expansion of the target; the next step is the first
-  tool of the forward hyperpath from the current tool, then the DAG's remaining tools in order.
+- `drdsp`: the target capability is chosen from the intent's candidates (SHGAT, or search
+  before a model is trained) and the capabilities holding a tool already run, by intent score ×
+  reliability and, with context, the share of the context it holds (`target_fit`); the DAG is
+  DR-DSP's dependency expansion of the target; the next step is the first tool of the forward
+  hyperpath from the current tool, then the DAG's remaining tools in order, then the legacy
+  heuristic's successors of the current tool.
 - `legacy`: ADR-038 §2.2 (co-occurrence 0.6, Louvain 0.3, recency 0.1, PageRank 0.1) from the
   current tool; the DAG is a greedy chain of such steps from the first tool.
 - `discovery`: strategic discovery (ADR-038 §3.2) from the context tools: the capability of
@@ -41,6 +44,8 @@ from pml_planner.legacy import ToolGraphFeatures
 PLANNING_LINKS = ("sequence", "dependency")
 #: Longest chain the legacy and search methods suggest as a DAG.
 MAX_CHAIN = 6
+#: Share of a target's fit that comes from the tools already run (the rest: the intent).
+CONTEXT_WEIGHT = 0.5
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,8 @@ class TenantPlanner:
     _edges: dict[str, Hyperedge] = field(default_factory=dict)
     _legacy: ToolGraphFeatures | None = None
     _discovery: StrategicDiscovery | None = None
+    #: member -> the capabilities that hold it directly (built on first use, per graph version)
+    _holders: dict[str, list[str]] | None = None
 
     @classmethod
     def build(cls, graph: PlannerGraph) -> TenantPlanner:
@@ -152,6 +159,7 @@ class TenantPlanner:
             # Louvain, PageRank and spectral clusters belong to one version of the graph.
             self._legacy = None
             self._discovery = None
+            self._holders = None
         return changed
 
     # --- drdsp ------------------------------------------------------------------------------
@@ -163,11 +171,41 @@ class TenantPlanner:
         costs = [self._edges[e].cost for e in dag.hyperedges.values() if e in self._edges]
         return Target(candidate.id, candidate.score, dag, math.prod(1.0 / c for c in costs))
 
-    def choose_target(self, candidates: Sequence[Candidate]) -> Target | None:
-        """The known candidate of highest score × reliability (ties: the larger id), so that
-        a capability whose runs fail gives way to an equally fitting, reliable one."""
-        known = [self.target(c) for c in candidates if c.id in self.graph.nodes]
-        return max(known, key=lambda t: (t.confidence, t.id), default=None)
+    def choose_target(
+        self, candidates: Sequence[Candidate], context: Sequence[str] = ()
+    ) -> Target | None:
+        """The target that fits the intent and the tools already run (`target_fit`); ties: the
+        larger id. The capabilities holding a context tool join the intent's candidates (at
+        intent score 0): the work under way may belong to one the intent ranked lower."""
+        pool = {c.id: c for c in candidates if c.id in self.graph.nodes}
+        for cap in self.capabilities_holding(context):
+            pool.setdefault(cap, Candidate(cap, 0.0))
+        targets = [self.target(c) for c in pool.values()]
+        return max(targets, key=lambda t: (self.target_fit(t, context), t.id), default=None)
+
+    def target_fit(self, target: Target, context: Sequence[str]) -> float:
+        """How well `target` fits: its confidence (intent score × reliability) without context;
+        with context, half that and half the share of the context tools its DAG holds, and 0
+        when its DAG has no tool left to run (nothing to predict from it)."""
+        if not context:
+            return target.confidence
+        tools = {v for v in target.dag.nodes if self.is_tool(v)}
+        done = set(context)
+        if not tools - done:
+            return 0.0
+        overlap = len(tools & done) / len(done)
+        return (1.0 - CONTEXT_WEIGHT) * target.confidence + CONTEXT_WEIGHT * overlap
+
+    def capabilities_holding(self, tools: Sequence[str]) -> list[str]:
+        """Capabilities with one of `tools` among their direct members, in id order."""
+        if self._holders is None:
+            holders: dict[str, list[str]] = {}
+            for cap, members in sorted(self.graph.members.items()):
+                for member in dict.fromkeys(members):
+                    holders.setdefault(member, []).append(cap)
+            self._holders = holders
+        found = {cap for tool in tools for cap in self._holders.get(tool, ())}
+        return sorted(found)
 
     def suggest_dag(self, target: Target) -> DagPlan:
         dag = target.dag
@@ -186,6 +224,9 @@ class TenantPlanner:
                 ordered += [v for v in path[1:] if self.is_tool(v)]
                 ordered += [v for v in hyperpath.requires if self.is_tool(v)]
         ordered += [v for v in target.dag.order if self.is_tool(v)]
+        if context:
+            # Past the target's plan, what followed the current tool in other executions.
+            ordered += [c.id for c in self.legacy_next(context, k)]
         picked = [v for v in dict.fromkeys(ordered) if v not in done][:k]
         # Later candidates are less certain: each step down the list halves the score.
         base = target.confidence

@@ -125,15 +125,17 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
 
     # --- methods ----------------------------------------------------------------------------
 
-    async def _target(self, tenant: str, intent: str, planner: TenantPlanner) -> Target | None:
+    async def _target(
+        self, tenant: str, intent: str, planner: TenantPlanner, context: Sequence[str] = ()
+    ) -> Target | None:
         targets = await self._targets.capabilities(tenant, intent)
         trace.get_current_span().set_attribute("pml.planner.target_source", targets.source)
-        return planner.choose_target(targets.candidates)
+        return planner.choose_target(targets.candidates, context)
 
     async def _drdsp_next(
         self, tenant: str, intent: str, tools: list[str], planner: TenantPlanner
     ) -> NextPlan:
-        target = await self._target(tenant, intent, planner)
+        target = await self._target(tenant, intent, planner, tools)
         if target is None:
             return NextPlan((), "", (), 0.0)
         return planner.predict_next(target, tools, NEXT_CANDIDATES)
