@@ -337,11 +337,15 @@ class EnsembleEmbedder:
     def part_dims(self) -> tuple[int, ...]:
         return tuple(p.dim for p in self._parts)
 
+    # The parts are asked at once: each is cached on its own, so a request's cache look-ups
+    # (and, on a miss, the models, which run in worker threads) overlap instead of adding up.
     async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return self._join([await p.embed_queries(texts) for p in self._parts], len(texts))
+        pieces = await asyncio.gather(*(p.embed_queries(texts) for p in self._parts))
+        return self._join(list(pieces), len(texts))
 
     async def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
-        return self._join([await p.embed_passages(texts) for p in self._parts], len(texts))
+        pieces = await asyncio.gather(*(p.embed_passages(texts) for p in self._parts))
+        return self._join(list(pieces), len(texts))
 
     def _join(self, pieces: list[np.ndarray], count: int) -> np.ndarray:
         if not count:
