@@ -2,40 +2,122 @@
 
 from __future__ import annotations
 
+import grpc
 import neo4j
 from redis.asyncio import Redis
 
+from pml.v1 import scorer_pb2_grpc, search_pb2_grpc
 from pml_common.events import ExecutionCompleted, ExecutionStep, TenantDeleted
+from pml_common.local_runtime import free_port
 from pml_common.settings import Settings
 from pml_planner.consumers import PlannerConsumers
+from pml_planner.methods import METHODS
 from pml_planner.outcomes import SuggestionMemory
+from pml_planner.prequential import Judge, PrequentialStore
+from pml_planner.targets import TargetSource
 from pml_planner.tenants import TenantPlanners
 from pml_planner.thresholds import RedisThresholdStore
 
+from .helpers import StandIns, write_graph
 
-async def test_a_deleted_tenant_takes_its_thresholds_and_suggestions_along(
-    redis: Redis, graph_db: neo4j.AsyncDriver, settings: Settings, tenant: str
-) -> None:
+
+def _consumers(
+    redis: Redis, graph_db: neo4j.AsyncDriver, settings: Settings, targets: TargetSource
+) -> tuple[PlannerConsumers, SuggestionMemory, RedisThresholdStore, PrequentialStore]:
     thresholds = RedisThresholdStore(redis)
     memory = SuggestionMemory(redis, thresholds)
-    consumers = PlannerConsumers(TenantPlanners(graph_db, settings.neo4j_database), memory)
+    planners = TenantPlanners(graph_db, settings.neo4j_database)
+    figures = PrequentialStore(redis)
+    consumers = PlannerConsumers(planners, memory, Judge(planners, targets), figures)
+    return consumers, memory, thresholds, figures
+
+
+def _run(tenant: str, intent: str, *tools: str, ok: bool = True) -> ExecutionCompleted:
+    return ExecutionCompleted.create(
+        tenant_id=tenant,
+        intent=intent,
+        steps=[ExecutionStep(node_id=t, success=ok) for t in tools],
+        outcome="success" if ok else "failure",
+    )
+
+
+async def test_a_deleted_tenant_takes_its_thresholds_suggestions_and_figures_along(
+    redis: Redis,
+    graph_db: neo4j.AsyncDriver,
+    settings: Settings,
+    tenant: str,
+    stand_ins: StandIns,
+) -> None:
+    consumers, memory, thresholds, figures = _consumers(
+        redis, graph_db, settings, stand_ins.targets
+    )
     other = f"{tenant}-other"
     for who in (tenant, other):
         await memory.remember(who, "ship it", "next", "drdsp:next", 0.8, ["s:a"])
         await memory.remember(who, "deploy", "dag", "drdsp:dag", 0.7, ["s:a", "s:b"])
-    # one suggestion followed, so the tenant has a learned threshold too
-    await consumers.on_execution_completed(
-        ExecutionCompleted.create(
-            tenant_id=tenant,
-            intent="ship it",
-            steps=[ExecutionStep(node_id="s:a", success=False)],
-            outcome="failure",
-        )
-    )
+    # one suggestion followed, so the tenant has a learned threshold too (and, its tools
+    # unknown to its planner, a skipped execution)
+    await consumers.on_execution_completed(_run(tenant, "ship it", "s:a", ok=False))
     assert await thresholds.all_contexts(tenant)
+    assert (await figures.summary(tenant)).skipped == 1
 
     await consumers.on_tenant_deleted(TenantDeleted.create(tenant_id=tenant))
 
     assert await thresholds.all_contexts(tenant) == {}
     assert await redis.exists(f"pml:planner:suggestions:{tenant}") == 0
     assert await redis.exists(f"pml:planner:suggestions:{other}") == 1
+    assert await redis.exists(f"pml:planner:prequential:{tenant}") == 0
+
+
+async def test_an_execution_is_judged_by_every_method_before_thresholds_learn(
+    redis: Redis,
+    graph_db: neo4j.AsyncDriver,
+    settings: Settings,
+    tenant: str,
+    stand_ins: StandIns,
+) -> None:
+    await write_graph(graph_db, tenant, {"release": ["s:build", "s:ship"]})
+    stand_ins.rank(["s:build", "s:ship", "s:other"], ["release"])
+    consumers, memory, thresholds, figures = _consumers(
+        redis, graph_db, settings, stand_ins.targets
+    )
+    await memory.remember(tenant, "release it", "next", "search:next", 0.8, ["s:build"])
+
+    await consumers.on_execution_completed(
+        _run(tenant, "release it", "s:build", "s:unknown", "s:ship", "s:build")
+    )
+
+    summary = await figures.summary(tenant)
+    assert (summary.executions, summary.skipped) == (1, 0)
+    for method in METHODS:  # two distinct tools the planner knows: two predictions each
+        assert (summary.figures(method).predictions, summary.figures(method).dags) == (2, 1)
+    # Search's order is the run's: both steps first, and its DAG holds one tool too many.
+    assert summary.figures("search").hits_at_1 == 2
+    assert abs(summary.figures("search").mean_node_f1 - 0.8) < 1e-9
+    assert summary.figures("drdsp").mean_node_f1 == 1.0  # the capability's DAG
+    # One fetch per kind for the whole execution, every method and step computed in-process.
+    assert len(stand_ins.rankings.requests) == 2
+    assert await thresholds.all_contexts(tenant)  # the remembered suggestion was learned
+
+
+async def test_search_failing_skips_the_figures_not_the_learning(
+    redis: Redis, graph_db: neo4j.AsyncDriver, settings: Settings, tenant: str
+) -> None:
+    await write_graph(graph_db, tenant, {"release": ["s:build", "s:ship"]})
+    nowhere = grpc.aio.insecure_channel(f"127.0.0.1:{free_port()}")
+    try:
+        targets = TargetSource(
+            scorer_pb2_grpc.ScorerServiceStub(nowhere),
+            search_pb2_grpc.SearchServiceStub(nowhere),
+            timeout_s=2.0,
+        )
+        consumers, memory, thresholds, figures = _consumers(redis, graph_db, settings, targets)
+        await memory.remember(tenant, "release it", "next", "drdsp:next", 0.8, ["s:build"])
+
+        await consumers.on_execution_completed(_run(tenant, "release it", "s:build", "s:ship"))
+    finally:
+        await nowhere.close()
+
+    assert await thresholds.all_contexts(tenant)
+    summary = await figures.summary(tenant)
+    assert (summary.executions, summary.skipped) == (0, 0)

@@ -77,6 +77,11 @@ def planner_thresholds(tenant: str) -> str:
     return key("planner:thresholds", tenant)
 
 
+def planner_prequential(tenant: str) -> str:
+    """A tenant's prequential figures of each planning method (planner): sums and counts."""
+    return key("planner:prequential", tenant)
+
+
 def embedding(model: str, kind: str, digest: str) -> str:
     """A cached vector: `kind` is `q` (query) or `p` (passage), `digest` the text's sha256.
 

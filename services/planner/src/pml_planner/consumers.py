@@ -4,8 +4,10 @@
   shutdown): `GraphChanged` → sync the tenant's hypergraph if this replica has it loaded (DR-DSP
   repairs its trees); `TenantDeleted` → forget it, with its learned thresholds and remembered
   suggestions. Every replica holds its own state, so every replica sees these.
-- Group `planner` (shared, each event once): `ExecutionCompleted` → the outcome of the
-  suggestions made for that intent, which adaptive thresholds learn from.
+- Group `planner` (shared, each event once, deduped): `ExecutionCompleted` → first how each
+  method would have predicted it (`prequential`, before anything learns from it), then the
+  outcome of the suggestions made for that intent, which adaptive thresholds learn from, and
+  last the figures are added (so a failure before them, redelivered, counts nothing twice).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from pml_common.bus import EventBus
 from pml_common.events import Event, ExecutionCompleted, GraphChanged, TenantDeleted
 from pml_planner.outcomes import SuggestionMemory
+from pml_planner.prequential import Judge, PrequentialStore
 from pml_planner.tenants import TenantPlanners
 
 GROUP = "planner"
@@ -24,9 +27,17 @@ def replica_group(consumer_name: str) -> str:
 
 
 class PlannerConsumers:
-    def __init__(self, planners: TenantPlanners, memory: SuggestionMemory) -> None:
+    def __init__(
+        self,
+        planners: TenantPlanners,
+        memory: SuggestionMemory,
+        judge: Judge,
+        figures: PrequentialStore,
+    ) -> None:
         self._planners = planners
         self._memory = memory
+        self._judge = judge
+        self._figures = figures
 
     def subscribe(self, bus: EventBus, consumer_name: str) -> str:
         group = replica_group(consumer_name)
@@ -42,6 +53,10 @@ class PlannerConsumers:
         self._planners.drop(event.tenant_id)
         # Every replica does it too; deleting twice deletes nothing the second time.
         await self._memory.forget_tenant(event.tenant_id)
+        await self._figures.delete_tenant(event.tenant_id)
 
     async def on_execution_completed(self, event: ExecutionCompleted) -> None:
+        figures = await self._judge.judge(event)
         await self._memory.learn(event)
+        if figures is not None:
+            await self._figures.record(event.tenant_id, figures)

@@ -1,10 +1,11 @@
 """Composition root of the planner service: `python -m pml_planner`.
 
-From one `Settings`: logging and telemetry, Redis (adaptive thresholds, suggestion memory), the
-Neo4j driver (read only), channels to the scorer (target capabilities) and search (fallback
-targets, the search method), the per-tenant planners, the event subscriptions and the gRPC
-server on `settings.planner_port`. SIGTERM/SIGINT stop it gracefully: the server first, then
-the consumers (the replica's group is removed), then the clients.
+From one `Settings`: logging and telemetry, Redis (adaptive thresholds, suggestion memory,
+prequential figures), the Neo4j driver (read only), channels to the scorer (target
+capabilities) and search (fallback targets, the search method), the per-tenant planners, the
+event subscriptions and the gRPC server on `settings.planner_port`. SIGTERM/SIGINT stop it
+gracefully: the server first, then the consumers (the replica's group is removed), then the
+clients.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pml_common.stores import neo4j_driver, redis_client
 from pml_common.telemetry import configure_logging, setup_telemetry
 from pml_planner.consumers import REPLICA_EVENTS, PlannerConsumers
 from pml_planner.outcomes import SuggestionMemory
+from pml_planner.prequential import Judge, PrequentialStore
 from pml_planner.service import PlannerServicer
 from pml_planner.targets import TargetSource
 from pml_planner.tenants import TenantPlanners
@@ -47,9 +49,11 @@ class PlannerApp:
             scorer_pb2_grpc.ScorerServiceStub(self._scorer_channel),
             search_pb2_grpc.SearchServiceStub(self._search_channel),
         )
+        figures = PrequentialStore(self._redis)
         self.bus = EventBus(settings, SERVICE)
-        self._group = PlannerConsumers(planners, memory).subscribe(self.bus, settings.consumer_name)
-        servicer = PlannerServicer(settings, planners, targets, thresholds, memory)
+        consumers = PlannerConsumers(planners, memory, Judge(planners, targets), figures)
+        self._group = consumers.subscribe(self.bus, settings.consumer_name)
+        servicer = PlannerServicer(settings, planners, targets, thresholds, memory, figures)
         self._server = GrpcServer(settings, self.port, SERVICE)
         self._server.add(
             lambda s: planner_pb2_grpc.add_PlannerServiceServicer_to_server(servicer, s),

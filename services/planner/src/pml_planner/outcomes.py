@@ -54,8 +54,8 @@ class SuggestionMemory:
         learned: list[tuple[str, Outcome]] = []
         for kind in ("next", "dag"):
             field = _field(event.intent, kind)
-            raw = await self._redis.hget(key, field)  # type: ignore[misc]
-            if raw is None or not await self._redis.hdel(key, field):  # type: ignore[misc]
+            raw = await self._redis.hget(key, field)  # type: ignore[misc, unused-ignore]
+            if raw is None or not await self._redis.hdel(key, field):  # type: ignore[misc, unused-ignore]
                 continue  # nothing suggested, or another replica took it
             record = json.loads(raw)
             outcome = outcome_of(kind, record["tools"], event)

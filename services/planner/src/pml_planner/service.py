@@ -3,6 +3,10 @@ SUGGESTION modes), by DR-DSP over the capability hypergraph, or for comparison b
 heuristic, strategic discovery or search order (see `planning` for each method). Every
 answer passes the adaptive threshold of its context (`<method>:next` / `<method>:dag`); a
 rejected one still carries what was computed, with `accepted = false` and the reason.
+
+A request naming no method gets the tenant's best by prequential figures once they are enough,
+else DR-DSP (`prequential.choose`); `PlannerInfo` shows the figures and the choice. The methods
+themselves are `methods`, shared with the prequential evaluation.
 """
 
 from __future__ import annotations
@@ -16,22 +20,15 @@ from pml.v1 import planner_pb2, planner_pb2_grpc
 from pml_common.grpc_server import invalid_argument
 from pml_common.request_validation import context_tools_of, tenant_of, text_of
 from pml_common.settings import Settings
+from pml_planner import methods
+from pml_planner.methods import METHODS, Needs, dag_needs, next_needs
 from pml_planner.outcomes import SuggestionMemory
-from pml_planner.planning import (
-    Candidate,
-    DagPlan,
-    NextPlan,
-    Target,
-    TenantPlanner,
-    chain_plan,
-)
+from pml_planner.prequential import MIN_EVIDENCE, Choice, Kind, PrequentialStore, choose
 from pml_planner.targets import TargetSource
 from pml_planner.tenants import TenantPlanners
 from pml_planner.thresholds import RedisThresholdStore, context_key
 
-METHODS = ("drdsp", "legacy", "discovery", "search")
-#: Runners-up returned with a next step (for next_hit@k and for the caller's own choice).
-NEXT_CANDIDATES = 5
+__all__ = ["METHODS", "PlannerServicer"]
 MAX_CONTEXT = 100
 
 
@@ -43,27 +40,24 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         targets: TargetSource,
         thresholds: RedisThresholdStore,
         memory: SuggestionMemory,
+        figures: PrequentialStore,
     ) -> None:
         self._settings = settings
         self._planners = planners
         self._targets = targets
         self._thresholds = thresholds
         self._memory = memory
+        self._figures = figures
 
     async def PredictNext(
         self, request: planner_pb2.PredictNextRequest, context: grpc.aio.ServicerContext
     ) -> planner_pb2.PredictNextResponse:
-        tenant, intent, method = self._common(request.tenant_id, request.intent, request.method)
+        tenant, intent = self._common(request.tenant_id, request.intent)
         tools = _context_tools(request.context_tools)
+        method = await self._method(tenant, request.method, "next")
         planner = await self._planners.get(tenant)
-        if method == "drdsp":
-            plan = await self._drdsp_next(tenant, intent, tools, planner)
-        elif method == "legacy":
-            plan = await self._legacy_next(tenant, intent, tools, planner)
-        elif method == "discovery":
-            plan = await self._discovery_next(tenant, intent, tools, planner)
-        else:
-            plan = await self._search_next(tenant, intent, tools)
+        inputs = await self._fetch(tenant, intent, next_needs(method, tools))
+        plan = methods.predict_next(method, planner, inputs, tools)
         decision = await self._thresholds.decide(
             tenant, context_key(method, "next"), plan.confidence
         )
@@ -90,24 +84,16 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
     async def SuggestDag(
         self, request: planner_pb2.SuggestDagRequest, context: grpc.aio.ServicerContext
     ) -> planner_pb2.SuggestDagResponse:
-        tenant, intent, method = self._common(request.tenant_id, request.intent, request.method)
+        tenant, intent = self._common(request.tenant_id, request.intent)
+        method = await self._method(tenant, request.method, "dag")
         planner = await self._planners.get(tenant)
-        if method == "drdsp":
-            plan = await self._drdsp_dag(tenant, intent, planner)
-        elif method == "legacy":
-            first = await self._targets.tools(tenant, intent, 1)
-            chain = planner.legacy_chain(first[0].id) if first else []
-            plan = chain_plan(chain, first[0].score if first else 0.0)
-        elif method == "discovery":
-            plan = await self._discovery_dag(tenant, intent, planner)
-        else:
-            ranked = await self._targets.tools(tenant, intent, 3)
-            plan = chain_plan([t.id for t in ranked], ranked[0].score if ranked else 0.0)
+        inputs = await self._fetch(tenant, intent, dag_needs(method))
+        plan = methods.suggest_dag(method, planner, inputs)
         decision = await self._thresholds.decide(
             tenant, context_key(method, "dag"), plan.confidence
         )
-        tools = [n for n in plan.order if planner.is_tool(n)] or list(plan.order)
         if decision.accepted and plan.nodes:
+            tools = methods.dag_tools(planner, plan)
             await self._memory.remember(
                 tenant, intent, "dag", decision.context, plan.confidence, tools
             )
@@ -121,74 +107,55 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             accepted=decision.accepted and bool(plan.nodes),
             reason=decision.reason if plan.nodes else "nothing to suggest for this intent",
             threshold=decision.threshold,
+            method=method,
         )
 
-    # --- methods ----------------------------------------------------------------------------
+    async def PlannerInfo(
+        self, request: planner_pb2.PlannerInfoRequest, context: grpc.aio.ServicerContext
+    ) -> planner_pb2.PlannerInfoResponse:
+        tenant = tenant_of(request.tenant_id, self._settings)
+        summary = await self._figures.summary(tenant)
+        return planner_pb2.PlannerInfoResponse(
+            next_method=choose(summary, "next").method,
+            dag_method=choose(summary, "dag").method,
+            methods=[
+                planner_pb2.MethodFigures(
+                    method=m,
+                    predictions=f.predictions,
+                    next_hit_at_1=f.next_hit_at_1,
+                    next_hit_at_3=f.next_hit_at_3,
+                    dags=f.dags,
+                    node_f1=f.mean_node_f1,
+                )
+                for m in METHODS
+                for f in (summary.figures(m),)
+            ],
+            executions=summary.executions,
+            skipped_executions=summary.skipped,
+            min_evidence=MIN_EVIDENCE,
+        )
 
-    async def _target(
-        self, tenant: str, intent: str, planner: TenantPlanner, context: Sequence[str] = ()
-    ) -> Target | None:
-        targets = await self._targets.capabilities(tenant, intent)
-        trace.get_current_span().set_attribute("pml.planner.target_source", targets.source)
-        return planner.choose_target(targets.candidates, context)
+    async def _fetch(self, tenant: str, intent: str, needs: Needs) -> methods.Inputs:
+        inputs = await methods.fetch(self._targets, tenant, intent, needs)
+        if needs.capabilities:
+            span = trace.get_current_span()
+            span.set_attribute("pml.planner.target_source", inputs.targets.source)
+        return inputs
 
-    async def _drdsp_next(
-        self, tenant: str, intent: str, tools: list[str], planner: TenantPlanner
-    ) -> NextPlan:
-        target = await self._target(tenant, intent, planner, tools)
-        if target is None:
-            return NextPlan((), "", (), 0.0)
-        return planner.predict_next(target, tools, NEXT_CANDIDATES)
-
-    async def _drdsp_dag(self, tenant: str, intent: str, planner: TenantPlanner) -> DagPlan:
-        target = await self._target(tenant, intent, planner)
-        if target is None:
-            return chain_plan([], 0.0)
-        return planner.suggest_dag(target)
-
-    async def _legacy_next(
-        self, tenant: str, intent: str, tools: list[str], planner: TenantPlanner
-    ) -> NextPlan:
-        if not tools:  # the heuristic needs a current tool: start where search would
-            return await self._search_next(tenant, intent, tools)
-        ranked = planner.legacy_next(tools, NEXT_CANDIDATES)
-        return NextPlan(tuple(ranked), "", (), ranked[0].score if ranked else 0.0)
-
-    async def _intent_scores(self, tenant: str, intent: str) -> dict[str, float]:
-        targets = await self._targets.capabilities(tenant, intent)
-        return {c.id: c.score for c in targets.candidates}
-
-    async def _discovery_next(
-        self, tenant: str, intent: str, tools: list[str], planner: TenantPlanner
-    ) -> NextPlan:
-        if not tools:  # discovery is passive: with nothing run yet, start where search would
-            return await self._search_next(tenant, intent, tools)
-        scores = await self._intent_scores(tenant, intent)
-        return planner.discovery_next(tools, scores, NEXT_CANDIDATES)
-
-    async def _discovery_dag(self, tenant: str, intent: str, planner: TenantPlanner) -> DagPlan:
-        """The DAG of the capability discovered from the intent's first search tool."""
-        first = await self._targets.tools(tenant, intent, 1)
-        scores = await self._intent_scores(tenant, intent)
-        found = planner.discover([first[0].id], scores, 1) if first else []
-        if not found:
-            return chain_plan([first[0].id] if first else [], first[0].score if first else 0.0)
-        return planner.suggest_dag(planner.target(found[0]))
-
-    async def _search_next(self, tenant: str, intent: str, tools: list[str]) -> NextPlan:
-        done = set(tools)
-        ranked = await self._targets.tools(tenant, intent, NEXT_CANDIDATES + len(done))
-        picked = tuple(Candidate(t.id, t.score) for t in ranked if t.id not in done)
-        picked = picked[:NEXT_CANDIDATES]
-        return NextPlan(picked, "", (), picked[0].score if picked else 0.0)
-
-    def _common(self, tenant_id: str, intent: str, method: str) -> tuple[str, str, str]:
-        tenant = tenant_of(tenant_id, self._settings)
-        text = text_of(intent, self._settings, "intent")
-        chosen = method.strip() or "drdsp"
-        if chosen not in METHODS:
+    async def _method(self, tenant: str, method: str, kind: Kind) -> str:
+        """The method asked for, or when none is, the one the tenant's figures choose."""
+        named = method.strip()
+        if named and named not in METHODS:
             raise invalid_argument(f"method {method!r} is not one of {', '.join(METHODS)}")
-        return tenant, text, chosen
+        chosen = (
+            Choice(named, "request") if named else choose(await self._figures.summary(tenant), kind)
+        )
+        trace.get_current_span().set_attribute("pml.planner.method_source", chosen.source)
+        return chosen.method
+
+    def _common(self, tenant_id: str, intent: str) -> tuple[str, str]:
+        tenant = tenant_of(tenant_id, self._settings)
+        return tenant, text_of(intent, self._settings, "intent")
 
 
 def _context_tools(tools: Sequence[str]) -> list[str]:

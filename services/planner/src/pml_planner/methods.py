@@ -1,0 +1,130 @@
+"""The four planning methods on inputs fetched beforehand: one code path for the gRPC handlers
+(`service`) and for the prequential figures (`prequential`), so what is measured is exactly what
+is served.
+
+What a method needs from outside the planner (the intent's capability candidates, from the
+scorer or search, and search's order of tools) is declared by `next_needs` / `dag_needs`,
+fetched by `fetch` and handed in as `Inputs`; the methods themselves only compute, so the
+prequential evaluation fetches once per execution and runs every method at every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pml_planner.planning import Candidate, DagPlan, NextPlan, TenantPlanner, chain_plan
+from pml_planner.targets import Targets, TargetSource
+
+METHODS = ("drdsp", "legacy", "discovery", "search")
+#: The method of an empty request while the evidence is short, and of ties.
+DEFAULT_METHOD = "drdsp"
+#: Runners-up returned with a next step (for next_hit@k and for the caller's own choice).
+NEXT_CANDIDATES = 5
+#: Search's first tools the search method chains into a DAG.
+SEARCH_DAG_TOOLS = 3
+
+NO_TARGETS = Targets((), "")
+NO_NEXT = NextPlan((), "", (), 0.0)
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a method needs fetched: the intent's capabilities, and how many of search's tools."""
+
+    capabilities: bool = False
+    tools: int = 0
+
+    def __or__(self, other: Needs) -> Needs:
+        return Needs(self.capabilities or other.capabilities, max(self.tools, other.tools))
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The intent's candidates as fetched; a longer tool list than needed gives the same answers
+    (every method takes search's order from the top)."""
+
+    targets: Targets = NO_TARGETS
+    tools: tuple[Candidate, ...] = ()
+
+    def intent_scores(self) -> dict[str, float]:
+        return {c.id: c.score for c in self.targets.candidates}
+
+
+def next_needs(method: str, context: Sequence[str]) -> Needs:
+    if method == "drdsp":
+        return Needs(capabilities=True)
+    if method in ("legacy", "discovery") and not context:
+        return Needs(tools=NEXT_CANDIDATES)  # they start where search would
+    if method == "legacy":
+        return Needs()
+    if method == "discovery":
+        return Needs(capabilities=True)
+    # Search's order without the tools already run: ask for that many more.
+    return Needs(tools=NEXT_CANDIDATES + len(set(context)))
+
+
+def dag_needs(method: str) -> Needs:
+    if method == "drdsp":
+        return Needs(capabilities=True)
+    if method == "legacy":
+        return Needs(tools=1)
+    if method == "discovery":
+        return Needs(capabilities=True, tools=1)
+    return Needs(tools=SEARCH_DAG_TOOLS)
+
+
+async def fetch(source: TargetSource, tenant: str, intent: str, needs: Needs) -> Inputs:
+    targets = await source.capabilities(tenant, intent) if needs.capabilities else NO_TARGETS
+    tools = await source.tools(tenant, intent, needs.tools) if needs.tools else []
+    return Inputs(targets, tuple(tools))
+
+
+def predict_next(
+    method: str, planner: TenantPlanner, inputs: Inputs, context: Sequence[str]
+) -> NextPlan:
+    """The next step after `context` (tools already run, in order) by `method`."""
+    if method == "drdsp":
+        target = planner.choose_target(inputs.targets.candidates, context)
+        return NO_NEXT if target is None else planner.predict_next(target, context, NEXT_CANDIDATES)
+    if method in ("legacy", "discovery") and not context:
+        # The heuristic needs a current tool and discovery is passive: with nothing run yet,
+        # both start where search would.
+        return _search_next(inputs.tools, context)
+    if method == "legacy":
+        ranked = planner.legacy_next(context, NEXT_CANDIDATES)
+        return NextPlan(tuple(ranked), "", (), ranked[0].score if ranked else 0.0)
+    if method == "discovery":
+        return planner.discovery_next(context, inputs.intent_scores(), NEXT_CANDIDATES)
+    return _search_next(inputs.tools, context)
+
+
+def suggest_dag(method: str, planner: TenantPlanner, inputs: Inputs) -> DagPlan:
+    """The whole DAG `method` suggests for the intent `inputs` were fetched for."""
+    first = inputs.tools[0] if inputs.tools else None
+    if method == "drdsp":
+        target = planner.choose_target(inputs.targets.candidates)
+        return chain_plan([], 0.0) if target is None else planner.suggest_dag(target)
+    if method == "legacy":
+        chain = planner.legacy_chain(first.id) if first else []
+        return chain_plan(chain, first.score if first else 0.0)
+    if method == "discovery":
+        # The DAG of the capability discovered from the intent's first search tool.
+        found = planner.discover([first.id], inputs.intent_scores(), 1) if first else []
+        if not found:
+            return chain_plan([first.id] if first else [], first.score if first else 0.0)
+        return planner.suggest_dag(planner.target(found[0]))
+    ranked = inputs.tools[:SEARCH_DAG_TOOLS]
+    return chain_plan([t.id for t in ranked], ranked[0].score if ranked else 0.0)
+
+
+def dag_tools(planner: TenantPlanner, plan: DagPlan) -> list[str]:
+    """The plan's tools in execution order (its nodes when it names no tool the planner knows)."""
+    return [n for n in plan.order if planner.is_tool(n)] or list(plan.order)
+
+
+def _search_next(ranked: Sequence[Candidate], context: Sequence[str]) -> NextPlan:
+    done = set(context)
+    picked = tuple(Candidate(t.id, t.score) for t in ranked if t.id not in done)
+    picked = picked[:NEXT_CANDIDATES]
+    return NextPlan(picked, "", (), picked[0].score if picked else 0.0)

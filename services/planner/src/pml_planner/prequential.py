@@ -1,0 +1,274 @@
+"""Prequential figures of the planning methods, and the default method they choose per tenant.
+
+When an execution completes, before the planner learns anything from it, every method is asked
+what it would have predicted: at each of the execution's distinct tools in order (the tools
+before it as context), whether its first candidate is the tool run there (next_hit@1) and
+whether that tool is among its first 3 (next_hit@3); and for the whole run, the F1 of the tool
+nodes of the DAG it suggests for the intent against the tools run. The intent's candidates are
+fetched once per execution (one call to the scorer's capabilities, one to search's tools) and
+every method and step is computed in-process, by the very functions that answer requests
+(`methods`).
+
+An execution is skipped (and counted so) when it ran no tool the tenant's planner knows. The
+planner's graph is the one it holds at that moment: the trainer, on its own consumer group, may
+already have learned from the same execution.
+
+Figures are sums in the Redis hash `pml:planner:prequential:{tenant}` (fields
+`<method>:predictions`, `:hits_at_1`, `:hits_at_3`, `:dags`, `:node_f1`, and `executions`,
+`skipped`), each execution's added in one transaction. Redelivery is covered by the event bus's
+dedupe of the planner's shared group.
+
+An empty `method` takes, per tenant, the method of best next_hit@1 (PredictNext) or mean node F1
+(SuggestDag) once every method has `MIN_EVIDENCE` judged predictions (DAGs); before that, and
+on ties, DR-DSP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import grpc  # type: ignore[import-untyped, unused-ignore]
+import redis.asyncio as aioredis
+import structlog
+from opentelemetry import metrics
+
+from pml_common import redis_keys
+from pml_common.events import ExecutionCompleted
+from pml_common.grpc_server import RequestError
+from pml_planner import methods
+from pml_planner.methods import DEFAULT_METHOD, METHODS, Inputs, Needs
+from pml_planner.planning import TenantPlanner
+from pml_planner.targets import TargetSource
+from pml_planner.tenants import TenantPlanners
+
+log = structlog.get_logger(__name__)
+_meter = metrics.get_meter("pml.planner")
+_next_hit_at_1 = _meter.create_gauge(
+    "pml.planner.prequential.next_hit_at_1",
+    description="Share of next steps a planning method would have predicted first, cumulated",
+)
+_node_f1 = _meter.create_gauge(
+    "pml.planner.prequential.node_f1",
+    description="Mean node F1 of the DAGs a planning method would have suggested, cumulated",
+)
+
+#: Predictions (DAGs) every method needs before the figures choose a tenant's default method.
+MIN_EVIDENCE = 20
+#: Distinct tools of one execution judged at most. It keeps the search call of the judgement
+#: (5 tools more than the longest context) within search's default candidate pool's half
+#: (`candidate_pool` 50 → 25), where a longer list does not change the order of the first ones.
+MAX_JUDGED_TOOLS = 20
+
+Kind = Literal["next", "dag"]
+_SUMS = ("predictions", "hits_at_1", "hits_at_3", "dags", "node_f1")
+
+
+@dataclass(frozen=True)
+class MethodFigures:
+    """One method's sums over judged executions."""
+
+    predictions: int = 0
+    hits_at_1: int = 0
+    hits_at_3: int = 0
+    dags: int = 0
+    node_f1: float = 0.0  # sum over the DAGs
+
+    def __add__(self, other: MethodFigures) -> MethodFigures:
+        return MethodFigures(*(getattr(self, f) + getattr(other, f) for f in _SUMS))
+
+    @property
+    def next_hit_at_1(self) -> float:
+        return self.hits_at_1 / self.predictions if self.predictions else 0.0
+
+    @property
+    def next_hit_at_3(self) -> float:
+        return self.hits_at_3 / self.predictions if self.predictions else 0.0
+
+    @property
+    def mean_node_f1(self) -> float:
+        return self.node_f1 / self.dags if self.dags else 0.0
+
+    def evidence(self, kind: Kind) -> int:
+        return self.predictions if kind == "next" else self.dags
+
+    def mean(self, kind: Kind) -> float:
+        return self.next_hit_at_1 if kind == "next" else self.mean_node_f1
+
+
+@dataclass(frozen=True)
+class Choice:
+    method: str
+    #: "request" (named by the caller), "prequential" (chosen by the figures) or "default".
+    source: Literal["request", "prequential", "default"]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A tenant's figures as stored."""
+
+    methods: Mapping[str, MethodFigures]
+    executions: int = 0
+    skipped: int = 0
+
+    def figures(self, method: str) -> MethodFigures:
+        return self.methods.get(method, MethodFigures())
+
+
+# --- the arithmetic ---------------------------------------------------------------------------
+
+
+def judged_tools(planner: TenantPlanner, event: ExecutionCompleted) -> list[str]:
+    """The execution's distinct tools the planner knows, in the order they first ran."""
+    tools = [s.node_id for s in event.steps if planner.is_tool(s.node_id)]
+    return list(dict.fromkeys(tools))[:MAX_JUDGED_TOOLS]
+
+
+def needs_of(tools: Sequence[str]) -> Needs:
+    """What every method needs, at every step of `tools` and for its DAG: fetched once."""
+    needs = Needs()
+    for method in METHODS:
+        needs |= methods.dag_needs(method)
+        for i in range(len(tools)):
+            needs |= methods.next_needs(method, tools[:i])
+    return needs
+
+
+def node_f1(suggested: Sequence[str], executed: Sequence[str]) -> float:
+    """F1 of the suggested nodes against the executed ones, as sets (0 when either is empty)."""
+    a, b = set(suggested), set(executed)
+    if not a or not b:
+        return 0.0
+    return 2 * len(a & b) / (len(a) + len(b))
+
+
+def method_figures(
+    method: str, planner: TenantPlanner, inputs: Inputs, tools: Sequence[str]
+) -> MethodFigures:
+    """How `method` would have predicted the run of `tools` (distinct, in order)."""
+    hits_at_1 = hits_at_3 = 0
+    for i, tool in enumerate(tools):
+        plan = methods.predict_next(method, planner, inputs, tools[:i])
+        ranked = [c.id for c in plan.candidates]
+        hits_at_1 += ranked[:1] == [tool]
+        hits_at_3 += tool in ranked[:3]
+    dag = methods.suggest_dag(method, planner, inputs)
+    # Its tool nodes: all but capabilities (a tool search knows and the graph not yet counts).
+    suggested = [n for n in dag.nodes if not _is_capability(planner, n)]
+    return MethodFigures(len(tools), hits_at_1, hits_at_3, 1, node_f1(suggested, tools))
+
+
+def _is_capability(planner: TenantPlanner, node: str) -> bool:
+    info = planner.graph.nodes.get(node)
+    return info is not None and info.kind == "capability"
+
+
+def figures_of(
+    planner: TenantPlanner, inputs: Inputs, tools: Sequence[str]
+) -> dict[str, MethodFigures]:
+    return {m: method_figures(m, planner, inputs, tools) for m in METHODS}
+
+
+def choose(summary: Summary, kind: Kind, min_evidence: int = MIN_EVIDENCE) -> Choice:
+    """The method of best mean (next_hit@1 or node F1) once every method has `min_evidence`
+    judged; DR-DSP before that. Ties keep DR-DSP, then the earlier of `METHODS`."""
+    if any(summary.figures(m).evidence(kind) < min_evidence for m in METHODS):
+        return Choice(DEFAULT_METHOD, "default")
+    best = max(
+        METHODS,
+        key=lambda m: (summary.figures(m).mean(kind), m == DEFAULT_METHOD, -METHODS.index(m)),
+    )
+    return Choice(best, "prequential")
+
+
+# --- judging an execution ---------------------------------------------------------------------
+
+
+class Judge:
+    """Computes an execution's figures with the planner as it stands (nothing is written)."""
+
+    def __init__(self, planners: TenantPlanners, targets: TargetSource) -> None:
+        self._planners = planners
+        self._targets = targets
+
+    async def judge(self, event: ExecutionCompleted) -> dict[str, MethodFigures] | None:
+        """Every method's figures on `event`; empty when it is skipped (no tool the planner
+        knows), None when the scorer or search failed (logged: nothing is measured then)."""
+        planner = await self._planners.get(event.tenant_id)
+        tools = judged_tools(planner, event)
+        if not tools:
+            return {}
+        try:
+            inputs = await methods.fetch(
+                self._targets, event.tenant_id, event.intent, needs_of(tools)
+            )
+        except (RequestError, grpc.aio.AioRpcError) as exc:
+            log.warning(
+                "planner.prequential_skipped",
+                tenant=event.tenant_id,
+                event_id=event.event_id,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            return None
+        return figures_of(planner, inputs, tools)
+
+
+# --- the store ------------------------------------------------------------------------------
+
+
+class PrequentialStore:
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._redis = redis
+
+    async def record(self, tenant: str, figures: Mapping[str, MethodFigures]) -> None:
+        """Add one execution's figures (none: a skipped execution), in one transaction, and
+        export the tenant's new means."""
+        key = redis_keys.planner_prequential(tenant)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hincrbyfloat(key, "executions" if figures else "skipped", 1)
+            for method, one in figures.items():
+                for name in _SUMS:
+                    pipe.hincrbyfloat(key, f"{method}:{name}", float(getattr(one, name)))
+            totals = await pipe.execute()
+        # HINCRBYFLOAT answers the new sums: the tenant's figures now, without reading them.
+        fields = [f"{m}:{name}" for m in figures for name in _SUMS]
+        now = dict(zip(fields, map(float, totals[1:]), strict=True))
+        for method in figures:
+            _export(tenant, method, _figures(now, method))
+
+    async def summary(self, tenant: str) -> Summary:
+        rows: dict[bytes | str, bytes | str] = await self._redis.hgetall(
+            redis_keys.planner_prequential(tenant)
+        )
+        fields = {_text(k): float(v) for k, v in rows.items()}
+        found = {m: _figures(fields, m) for m in METHODS}
+        return Summary(found, int(fields.get("executions", 0.0)), int(fields.get("skipped", 0.0)))
+
+    async def delete_tenant(self, tenant: str) -> None:
+        await self._redis.delete(redis_keys.planner_prequential(tenant))
+
+
+def _figures(fields: Mapping[str, float], method: str) -> MethodFigures:
+    """`method`'s sums among a tenant's fields. Counts are kept as floats (HINCRBYFLOAT)."""
+
+    def sum_of(name: str) -> float:
+        return fields.get(f"{method}:{name}", 0.0)
+
+    return MethodFigures(
+        predictions=round(sum_of("predictions")),
+        hits_at_1=round(sum_of("hits_at_1")),
+        hits_at_3=round(sum_of("hits_at_3")),
+        dags=round(sum_of("dags")),
+        node_f1=sum_of("node_f1"),
+    )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _export(tenant: str, method: str, totals: MethodFigures) -> None:
+    attributes = {"pml.tenant_id": tenant, "method": method}
+    _next_hit_at_1.set(totals.next_hit_at_1, attributes)
+    _node_f1.set(totals.mean_node_f1, attributes)

@@ -1,0 +1,123 @@
+"""Prequential figures of the planning methods: the arithmetic, the choice rule, the store."""
+
+from __future__ import annotations
+
+import pytest
+from redis.asyncio import Redis
+
+from pml_common.events import ExecutionCompleted, ExecutionStep
+from pml_planner.graph_source import LinkInfo, NodeInfo, PlannerGraph
+from pml_planner.methods import METHODS, Inputs
+from pml_planner.planning import Candidate, TenantPlanner
+from pml_planner.prequential import (
+    MIN_EVIDENCE,
+    MethodFigures,
+    PrequentialStore,
+    Summary,
+    choose,
+    figures_of,
+    judged_tools,
+    needs_of,
+    node_f1,
+)
+from pml_planner.targets import Targets
+
+
+def _planner() -> TenantPlanner:
+    """Capability A runs s:a then s:b; executions went from s:a to s:c (a learned link)."""
+    nodes = {t: NodeInfo(t, "tool", 0, None, None) for t in ("s:a", "s:b", "s:c")}
+    nodes["A"] = NodeInfo("A", "capability", 0, None, None)
+    links = (LinkInfo("s:a", "s:c", "sequence", "observed", 5, 1.0),)
+    return TenantPlanner.build(PlannerGraph("t", nodes, {"A": ("s:a", "s:b")}, links))
+
+
+def _inputs() -> Inputs:
+    search = (Candidate("s:a", 0.9), Candidate("s:c", 0.8), Candidate("s:b", 0.7))
+    return Inputs(Targets((Candidate("A", 0.9),), "search"), search)
+
+
+def test_node_f1() -> None:
+    assert node_f1(["s:a", "s:b"], ["s:b", "s:a"]) == 1.0
+    assert node_f1(["s:a", "s:c", "s:b"], ["s:a", "s:b"]) == pytest.approx(0.8)
+    assert node_f1(["s:a", "s:a"], ["s:a", "s:b"]) == pytest.approx(2 / 3)  # sets
+    assert node_f1([], ["s:a"]) == 0.0
+    assert node_f1(["s:x"], ["s:a"]) == 0.0
+
+
+def test_each_method_is_judged_at_every_step_and_on_its_dag() -> None:
+    figures = figures_of(_planner(), _inputs(), ["s:a", "s:b"])
+    # DR-DSP plans A: s:a, then s:b; its DAG is A's, exactly the tools run.
+    assert figures["drdsp"] == MethodFigures(2, 2, 2, 1, 1.0)
+    # Search's order is s:a, s:c, s:b: s:b is second once s:a ran; its DAG adds s:c.
+    assert figures["search"] == MethodFigures(2, 1, 2, 1, pytest.approx(0.8))
+    # Legacy starts where search does, then follows the learned link s:a -> s:c.
+    assert figures["legacy"].hits_at_1 == 1 and figures["legacy"].hits_at_3 == 2
+    assert set(figures) == set(METHODS)
+
+
+def test_judged_tools_are_the_known_tools_in_first_run_order() -> None:
+    event = ExecutionCompleted.create(
+        tenant_id="t",
+        intent="x",
+        steps=[
+            ExecutionStep(node_id=n, success=True) for n in ("s:b", "s:unknown", "A", "s:a", "s:b")
+        ],
+        outcome="success",
+    )
+    assert judged_tools(_planner(), event) == ["s:b", "s:a"]
+
+
+def test_one_fetch_covers_every_method_and_step() -> None:
+    needs = needs_of(["s:a", "s:b", "s:c"])
+    # Search's next step after 2 tools needs 5 more than those: 7; DR-DSP the capabilities.
+    assert needs.capabilities and needs.tools == 7
+
+
+def _summary(next_hits: dict[str, int], f1: dict[str, float], n: int) -> Summary:
+    return Summary(
+        {m: MethodFigures(n, next_hits.get(m, 0), 0, n, f1.get(m, 0.0) * n) for m in METHODS}
+    )
+
+
+def test_the_best_method_is_chosen_once_every_method_has_enough_evidence() -> None:
+    figures = _summary({"drdsp": 10, "legacy": 15}, {"search": 0.9, "drdsp": 0.5}, MIN_EVIDENCE)
+    assert choose(figures, "next").method == "legacy"
+    assert choose(figures, "next").source == "prequential"
+    assert choose(figures, "dag").method == "search"
+
+    short = _summary({"drdsp": 10, "legacy": 15}, {"search": 0.9}, MIN_EVIDENCE - 1)
+    assert choose(short, "next").method == "drdsp"
+    assert choose(short, "next").source == "default"
+
+    # One method short of evidence is enough to keep the default.
+    partial = dict(figures.methods)
+    partial["discovery"] = MethodFigures(MIN_EVIDENCE - 1, 0, 0, MIN_EVIDENCE - 1, 0.0)
+    assert choose(Summary(partial), "next") == choose(short, "next")
+
+
+def test_ties_keep_drdsp() -> None:
+    tied = _summary({"drdsp": 12, "legacy": 12, "search": 12}, {}, MIN_EVIDENCE)
+    assert choose(tied, "next").method == "drdsp"
+    assert choose(tied, "next").source == "prequential"
+    others = _summary({"drdsp": 1, "discovery": 12, "search": 12}, {}, MIN_EVIDENCE)
+    assert choose(others, "next").method == "discovery"  # then the earlier of METHODS
+
+
+async def test_the_store_adds_executions_and_is_deleted_with_the_tenant(
+    redis: Redis, tenant: str
+) -> None:
+    store = PrequentialStore(redis)
+    one = {"drdsp": MethodFigures(2, 1, 2, 1, 0.5), "legacy": MethodFigures(2, 2, 2, 1, 0.25)}
+    await store.record(tenant, one)
+    await store.record(tenant, one)
+    await store.record(tenant, {})  # skipped
+    summary = await store.summary(tenant)
+    assert summary.executions == 2 and summary.skipped == 1
+    assert summary.figures("drdsp") == MethodFigures(4, 2, 4, 2, 1.0)
+    assert summary.figures("legacy").next_hit_at_1 == 1.0
+    assert summary.figures("legacy").mean_node_f1 == pytest.approx(0.25)
+    assert summary.figures("search") == MethodFigures()
+    assert (await store.summary(f"{tenant}-other")).executions == 0
+
+    await store.delete_tenant(tenant)
+    assert await store.summary(tenant) == await store.summary(f"{tenant}-other")

@@ -1,0 +1,162 @@
+"""PlannerService on the suite's real Redis and Neo4j: a request naming no method is answered by
+the tenant's best method by prequential figures once they are enough, else by DR-DSP; and
+PlannerInfo shows the figures and the choice."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import neo4j
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from redis.asyncio import Redis
+
+from pml.v1 import planner_pb2
+from pml_common.grpc_server import RequestError
+from pml_common.settings import Settings
+from pml_planner.methods import METHODS
+from pml_planner.outcomes import SuggestionMemory
+from pml_planner.prequential import MIN_EVIDENCE, MethodFigures, PrequentialStore
+from pml_planner.service import PlannerServicer
+from pml_planner.tenants import TenantPlanners
+from pml_planner.thresholds import RedisThresholdStore
+
+from .helpers import StandIns, write_graph
+
+INTENT = "ship the release"
+
+
+class Spans:
+    """Each call runs in a span of its own (the gRPC server's, in service), kept for reading."""
+
+    def __init__(self) -> None:
+        self.exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self._tracer = provider.get_tracer(__name__)
+
+    def span(self) -> Iterator[object]:
+        return self._tracer.start_as_current_span("rpc")  # type: ignore[return-value]
+
+    def last(self) -> ReadableSpan:
+        return self.exporter.get_finished_spans()[-1]
+
+
+def _servicer(
+    redis: Redis, graph_db: neo4j.AsyncDriver, settings: Settings, stand_ins: StandIns
+) -> tuple[PlannerServicer, PrequentialStore]:
+    thresholds = RedisThresholdStore(redis)
+    figures = PrequentialStore(redis)
+    servicer = PlannerServicer(
+        settings,
+        TenantPlanners(graph_db, settings.neo4j_database),
+        stand_ins.targets,
+        thresholds,
+        SuggestionMemory(redis, thresholds),
+        figures,
+    )
+    return servicer, figures
+
+
+def _one_run(best_next: str, best_dag: str, n: int) -> dict[str, MethodFigures]:
+    """`n` predictions and DAGs per method: `best_next` hit every one, the others half (DR-DSP)
+    or none; `best_dag`'s DAGs were exact, DR-DSP's half right."""
+    figures = {}
+    for m in METHODS:
+        hits = n if m == best_next else n // 2 if m == "drdsp" else 0
+        f1 = 1.0 if m == best_dag else 0.5 if m == "drdsp" else 0.0
+        figures[m] = MethodFigures(n, hits, hits, n, f1 * n)
+    return figures
+
+
+async def test_a_request_naming_no_method_gets_the_best_by_evidence(
+    redis: Redis,
+    graph_db: neo4j.AsyncDriver,
+    settings: Settings,
+    tenant: str,
+    stand_ins: StandIns,
+) -> None:
+    await write_graph(graph_db, tenant, {"release": ["s:build", "s:test", "s:ship"]})
+    stand_ins.rank(["s:build", "s:test", "s:ship"], ["release"])
+    servicer, figures = _servicer(redis, graph_db, settings, stand_ins)
+    spans = Spans()
+
+    async def next_by(method: str = "") -> planner_pb2.PredictNextResponse:
+        with spans.span():
+            return await servicer.PredictNext(
+                planner_pb2.PredictNextRequest(
+                    tenant_id=tenant, intent=INTENT, context_tools=["s:build"], method=method
+                ),
+                None,  # type: ignore[arg-type]
+            )
+
+    async def dag_by(method: str = "") -> planner_pb2.SuggestDagResponse:
+        with spans.span():
+            return await servicer.SuggestDag(
+                planner_pb2.SuggestDagRequest(tenant_id=tenant, intent=INTENT, method=method),
+                None,  # type: ignore[arg-type]
+            )
+
+    # Legacy and search are better, but one execution short of the evidence needed.
+    await figures.record(tenant, _one_run("legacy", "search", MIN_EVIDENCE - 1))
+    reply = await next_by()
+    assert reply.method == "drdsp"
+    assert {c.tool for c in reply.candidates} == {"s:test", "s:ship"}  # DR-DSP's plan
+    assert spans.last().attributes["pml.planner.method_source"] == "default"  # type: ignore[index]
+    assert (await dag_by()).method == "drdsp"
+
+    await figures.record(tenant, _one_run("legacy", "search", 1))
+    reply = await next_by()
+    assert reply.method == "legacy"
+    assert spans.last().attributes["pml.planner.method"] == "legacy"  # type: ignore[index]
+    assert spans.last().attributes["pml.planner.method_source"] == "prequential"  # type: ignore[index]
+    dag = await dag_by()
+    assert dag.method == "search" and list(dag.nodes) == ["s:build", "s:test", "s:ship"]
+
+    # A method named is the one that answers.
+    assert (await next_by("discovery")).method == "discovery"
+    assert spans.last().attributes["pml.planner.method_source"] == "request"  # type: ignore[index]
+
+    # Another tenant has no evidence of its own.
+    other = await servicer.PredictNext(
+        planner_pb2.PredictNextRequest(tenant_id=f"{tenant}-other", intent=INTENT),
+        None,  # type: ignore[arg-type]
+    )
+    assert other.method == "drdsp"
+
+
+async def test_planner_info_shows_the_figures_and_the_choice(
+    redis: Redis,
+    graph_db: neo4j.AsyncDriver,
+    settings: Settings,
+    tenant: str,
+    stand_ins: StandIns,
+) -> None:
+    servicer, figures = _servicer(redis, graph_db, settings, stand_ins)
+    await figures.record(tenant, _one_run("search", "legacy", MIN_EVIDENCE))
+    await figures.record(tenant, {})
+
+    info = await servicer.PlannerInfo(
+        planner_pb2.PlannerInfoRequest(tenant_id=tenant),
+        None,  # type: ignore[arg-type]
+    )
+    assert (info.next_method, info.dag_method) == ("search", "legacy")
+    assert (info.executions, info.skipped_executions) == (1, 1)
+    assert info.min_evidence == MIN_EVIDENCE
+    by_method = {m.method: m for m in info.methods}
+    assert list(by_method) == list(METHODS)
+    assert by_method["search"].predictions == MIN_EVIDENCE
+    assert by_method["search"].next_hit_at_1 == 1.0
+    assert by_method["drdsp"].next_hit_at_1 == pytest.approx(0.5)
+    assert by_method["drdsp"].node_f1 == pytest.approx(0.5)
+    assert by_method["legacy"].dags == MIN_EVIDENCE
+
+    with pytest.raises(RequestError) as refused:
+        await servicer.PlannerInfo(
+            planner_pb2.PlannerInfoRequest(tenant_id="bad\x00tenant"),
+            None,  # type: ignore[arg-type]
+        )
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
