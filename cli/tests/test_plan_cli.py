@@ -54,6 +54,31 @@ class CannedPlanner:
             reason="below threshold",
         )
 
+    def PlannerInfo(
+        self, request: planner_pb2.PlannerInfoRequest, timeout: float
+    ) -> planner_pb2.PlannerInfoResponse:
+        self.requests.append(request)
+        return planner_pb2.PlannerInfoResponse(
+            next_method="legacy",
+            dag_method="drdsp",
+            methods=[
+                planner_pb2.MethodFigures(
+                    method="drdsp",
+                    predictions=40,
+                    next_hit_at_1=0.25,
+                    next_hit_at_3=0.5,
+                    dags=12,
+                    node_f1=0.625,
+                ),
+                planner_pb2.MethodFigures(
+                    method="legacy", predictions=40, next_hit_at_1=0.5, next_hit_at_3=0.75, dags=12
+                ),
+            ],
+            executions=12,
+            skipped_executions=3,
+            min_evidence=20,
+        )
+
 
 @pytest.fixture
 def canned(monkeypatch: pytest.MonkeyPatch) -> CannedPlanner:
@@ -96,6 +121,30 @@ def test_plan_dag_prints_and_json(canned: CannedPlanner) -> None:
     assert reply["accepted"] is False and canned.requests[-1].method == "search"
 
 
+def test_plan_info_prints_the_figures_and_the_choice(canned: CannedPlanner) -> None:
+    result = runner.invoke(app, ["plan", "info", "--tenant", "t1"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert any("next step" in line and "legacy (by the figures)" in line for line in lines)
+    # 12 DAGs judged: below the evidence needed, so the DAG is DR-DSP's by default.
+    assert any(
+        "dag" in line and "drdsp (default until every method has 20 judged)" in line
+        for line in lines
+    )
+    assert "12 judged, 3 skipped" in result.stdout
+    rows = [line.replace("│", " ").split() for line in lines if line.startswith("│")]
+    assert ["legacy", "40", "0.500", "0.750", "12", "0.000"] in rows
+    (request,) = canned.requests
+    assert request.tenant_id == "t1"
+
+    result = runner.invoke(app, ["plan", "info", "--json"])
+    assert result.exit_code == 0, result.output
+    reply = json.loads(result.stdout)
+    assert (reply["next_method"], reply["dag_method"]) == ("legacy", "drdsp")
+    assert reply["methods"][0]["node_f1"] == 0.625 and reply["skipped_executions"] == "3"
+    assert canned.requests[-1].tenant_id == "default"
+
+
 @pytest.mark.parametrize("command", ["next", "dag"])
 def test_plan_rejects_unknown_method(canned: CannedPlanner, command: str) -> None:
     result = runner.invoke(app, ["plan", command, "x", "--method", "shgat"])
@@ -109,10 +158,11 @@ def test_plan_needs_an_intent() -> None:
     assert runner.invoke(app, ["plan", "dag"]).exit_code == 2
 
 
-@pytest.mark.parametrize("command", ["next", "dag"])
+@pytest.mark.parametrize("command", ["next", "dag", "info"])
 def test_plan_without_a_planner(monkeypatch: pytest.MonkeyPatch, command: str) -> None:
     monkeypatch.setenv("PML_PLANNER_ADDR", f"127.0.0.1:{free_port()}")
-    result = runner.invoke(app, ["plan", command, "commit my work"])
+    args = ["plan", command] if command == "info" else ["plan", command, "commit my work"]
+    result = runner.invoke(app, args)
     assert result.exit_code == 3
     assert "unavailable" in result.stderr
 

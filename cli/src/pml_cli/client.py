@@ -69,6 +69,12 @@ def suggest_dag(
     )
 
 
+def planner_info(settings: Settings, tenant: str) -> planner_pb2.PlannerInfoResponse:
+    return planner_stub(settings).PlannerInfo(
+        planner_pb2.PlannerInfoRequest(tenant_id=tenant), timeout=30
+    )
+
+
 def tool_message(tool: ToolSpec) -> common_pb2.Tool:
     return common_pb2.Tool(
         id=tool.id,
@@ -178,6 +184,34 @@ def print_dag(console: Console, reply: planner_pb2.SuggestDagResponse) -> None:
         console.print(table)
     else:
         console.print("no edges")
+
+
+def print_planner_info(console: Console, reply: planner_pb2.PlannerInfoResponse) -> None:
+    """The methods a request naming none gets, and each method's prequential figures."""
+
+    def why(judged: Sequence[int]) -> str:
+        if judged and min(judged) >= reply.min_evidence:
+            return " (by the figures)"
+        return f" (default until every method has {reply.min_evidence} judged)"
+
+    next_why = why([m.predictions for m in reply.methods])
+    console.print(f"[bold]next step[/]   {escape(reply.next_method)}{next_why}")
+    dag_why = why([m.dags for m in reply.methods])
+    console.print(f"[bold]dag[/]         {escape(reply.dag_method)}{dag_why}")
+    console.print(
+        f"[bold]executions[/]  {reply.executions} judged, {reply.skipped_executions} skipped"
+    )
+    table = Table("method", "predictions", "next_hit@1", "next_hit@3", "dags", "node F1")
+    for m in reply.methods:
+        table.add_row(
+            escape(m.method),
+            str(m.predictions),
+            f"{m.next_hit_at_1:.3f}",
+            f"{m.next_hit_at_3:.3f}",
+            str(m.dags),
+            f"{m.node_f1:.3f}",
+        )
+    console.print(table)
 
 
 async def publish_events(settings: Settings, events: Sequence[Event]) -> list[str]:

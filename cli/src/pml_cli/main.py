@@ -530,6 +530,24 @@ def plan_dag(
         client.print_dag(out, reply)
 
 
+@plan_app.command("info")
+def plan_info(
+    tenant: TenantOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """How each method would have predicted the tenant's executions (prequential figures), and
+    the methods a request naming none gets."""
+    from pml_cli import client
+
+    settings = Settings()
+    with _reported():
+        reply = client.planner_info(settings, tenant or settings.default_tenant)
+    if as_json:
+        sys.stdout.write(json.dumps(client.as_dict(reply)) + "\n")
+    else:
+        client.print_planner_info(out, reply)
+
+
 def _check_plan_method(method: str) -> None:
     from pml_cli import client
 
