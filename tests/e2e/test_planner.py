@@ -1,9 +1,12 @@
-"""The planner end to end: capabilities learned from events become the suggested DAG, and runs
-that fail along one branch move the suggestion to the other. Public interfaces only."""
+"""The planner end to end: capabilities learned from events become the suggested DAG, runs that
+fail along one branch move the suggestion to the other, and every run is judged by each planning
+method before it is learned from (PlannerInfo, `pml plan info`). Public interfaces only."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -57,11 +60,12 @@ def _dag(
     )
 
 
-def test_learned_capabilities_become_the_dag_and_failures_move_it(
+def test_learned_capabilities_become_the_dag_failures_move_it_and_runs_are_judged(
     stack: LocalStack,
     planner: planner_pb2_grpc.PlannerServiceStub,
     e2e_tenant: str,
     eventually: Callable[..., object],
+    pml: Callable[..., subprocess.CompletedProcess[str]],
 ) -> None:
     tools = [
         ToolSpec(id=t, server=t.split(":")[0], name=t.split(":")[1], description=d)
@@ -121,8 +125,32 @@ def test_learned_capabilities_become_the_dag_and_failures_move_it(
     )
     assert set(moved.nodes) == {other, *BRANCHES[other][1]}  # type: ignore[attr-defined]
 
+    # Each run was judged by every method (its two tools are known to the tenant's planner):
+    # two next-step predictions and one DAG each, too few yet to choose a method but DR-DSP.
+    info = eventually(
+        lambda: planner.PlannerInfo(
+            planner_pb2.PlannerInfoRequest(tenant_id=e2e_tenant), timeout=30
+        ),
+        lambda r: r.executions + r.skipped_executions >= len(failures),
+        timeout=60,
+    )
+    assert (info.executions, info.skipped_executions) == (len(failures), 0)  # type: ignore[attr-defined]
+    assert info.next_method == info.dag_method == "drdsp"  # type: ignore[attr-defined]
+    figures = {m.method: m for m in info.methods}  # type: ignore[attr-defined]
+    assert set(figures) == {"drdsp", "legacy", "discovery", "search"}
+    for m in figures.values():
+        assert (m.predictions, m.dags) == (2 * len(failures), len(failures))
+    # Search ranks the tenant's 4 tools: once the report is built, the 3 left are its first 3.
+    assert figures["search"].next_hit_at_3 > 0
+    shown = pml("plan", "info", "--tenant", e2e_tenant, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["executions"] == str(len(failures))
+
 
 def test_bad_input_is_refused(planner: planner_pb2_grpc.PlannerServiceStub) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        planner.PlannerInfo(planner_pb2.PlannerInfoRequest(tenant_id="bad\x00tenant"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     for request in (
         planner_pb2.SuggestDagRequest(intent="  "),
         planner_pb2.SuggestDagRequest(intent="x", method="telepathy"),
