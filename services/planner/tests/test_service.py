@@ -4,14 +4,16 @@ PlannerInfo shows the figures and the choice."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
 
 import grpc
 import neo4j
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Span
 from redis.asyncio import Redis
 
 from pml.v1 import planner_pb2
@@ -27,6 +29,8 @@ from pml_planner.thresholds import RedisThresholdStore
 from .helpers import StandIns, write_graph
 
 INTENT = "ship the release"
+#: The handlers do not use their gRPC context.
+NO_CONTEXT: Any = None
 
 
 class Spans:
@@ -38,11 +42,12 @@ class Spans:
         provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self._tracer = provider.get_tracer(__name__)
 
-    def span(self) -> Iterator[object]:
-        return self._tracer.start_as_current_span("rpc")  # type: ignore[return-value]
+    def span(self) -> AbstractContextManager[Span]:
+        return self._tracer.start_as_current_span("rpc")
 
-    def last(self) -> ReadableSpan:
-        return self.exporter.get_finished_spans()[-1]
+    def last(self) -> dict[str, object]:
+        """The attributes of the span that ended last."""
+        return dict(self.exporter.get_finished_spans()[-1].attributes or {})
 
 
 def _servicer(
@@ -90,14 +95,14 @@ async def test_a_request_naming_no_method_gets_the_best_by_evidence(
                 planner_pb2.PredictNextRequest(
                     tenant_id=tenant, intent=INTENT, context_tools=["s:build"], method=method
                 ),
-                None,  # type: ignore[arg-type]
+                NO_CONTEXT,
             )
 
     async def dag_by(method: str = "") -> planner_pb2.SuggestDagResponse:
         with spans.span():
             return await servicer.SuggestDag(
                 planner_pb2.SuggestDagRequest(tenant_id=tenant, intent=INTENT, method=method),
-                None,  # type: ignore[arg-type]
+                NO_CONTEXT,
             )
 
     # Legacy and search are better, but one execution short of the evidence needed.
@@ -105,25 +110,25 @@ async def test_a_request_naming_no_method_gets_the_best_by_evidence(
     reply = await next_by()
     assert reply.method == "drdsp"
     assert {c.tool for c in reply.candidates} == {"s:test", "s:ship"}  # DR-DSP's plan
-    assert spans.last().attributes["pml.planner.method_source"] == "default"  # type: ignore[index]
+    assert spans.last()["pml.planner.method_source"] == "default"
     assert (await dag_by()).method == "drdsp"
 
     await figures.record(tenant, _one_run("legacy", "search", 1))
     reply = await next_by()
     assert reply.method == "legacy"
-    assert spans.last().attributes["pml.planner.method"] == "legacy"  # type: ignore[index]
-    assert spans.last().attributes["pml.planner.method_source"] == "prequential"  # type: ignore[index]
+    assert spans.last()["pml.planner.method"] == "legacy"
+    assert spans.last()["pml.planner.method_source"] == "prequential"
     dag = await dag_by()
     assert dag.method == "search" and list(dag.nodes) == ["s:build", "s:test", "s:ship"]
 
     # A method named is the one that answers.
     assert (await next_by("discovery")).method == "discovery"
-    assert spans.last().attributes["pml.planner.method_source"] == "request"  # type: ignore[index]
+    assert spans.last()["pml.planner.method_source"] == "request"
 
     # Another tenant has no evidence of its own.
     other = await servicer.PredictNext(
         planner_pb2.PredictNextRequest(tenant_id=f"{tenant}-other", intent=INTENT),
-        None,  # type: ignore[arg-type]
+        NO_CONTEXT,
     )
     assert other.method == "drdsp"
 
@@ -141,7 +146,7 @@ async def test_planner_info_shows_the_figures_and_the_choice(
 
     info = await servicer.PlannerInfo(
         planner_pb2.PlannerInfoRequest(tenant_id=tenant),
-        None,  # type: ignore[arg-type]
+        NO_CONTEXT,
     )
     assert (info.next_method, info.dag_method) == ("search", "legacy")
     assert (info.executions, info.skipped_executions) == (1, 1)
@@ -157,6 +162,6 @@ async def test_planner_info_shows_the_figures_and_the_choice(
     with pytest.raises(RequestError) as refused:
         await servicer.PlannerInfo(
             planner_pb2.PlannerInfoRequest(tenant_id="bad\x00tenant"),
-            None,  # type: ignore[arg-type]
+            NO_CONTEXT,
         )
     assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
