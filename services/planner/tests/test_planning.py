@@ -139,3 +139,13 @@ def test_the_next_step_falls_back_on_the_current_tools_observed_successors() -> 
     # A's plan is run to its end: what followed s:b in other executions comes next.
     plan = planner.predict_next(target, ["s:a", "s:b"], k=3)
     assert plan.candidates[0].id == "s:c"
+
+
+def test_the_tools_a_hyperpath_requires_come_in_the_targets_order() -> None:
+    nodes = {t: NodeInfo(t, "tool", 0, None, None) for t in ("s:build", "s:test", "s:ship")}
+    nodes["release"] = NodeInfo("release", "capability", 0, None, None)
+    graph = PlannerGraph("t", nodes, {"release": ("s:build", "s:test", "s:ship")}, ())
+    planner = TenantPlanner.build(graph)
+    plan = planner.predict_next(planner.target(Candidate("release", 0.9)), ["s:build"], k=3)
+    # not alphabetical (s:ship < s:test): the release runs its tests before it ships
+    assert [c.id for c in plan.candidates][:2] == ["s:test", "s:ship"]

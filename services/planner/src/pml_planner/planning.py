@@ -222,7 +222,10 @@ class TenantPlanner:
             if hyperpath is not None:
                 path = hyperpath.vertices
                 ordered += [v for v in path[1:] if self.is_tool(v)]
-                ordered += [v for v in hyperpath.requires if self.is_tool(v)]
+                # `requires` is sorted by id: the target's DAG says in which order they run.
+                position = {v: i for i, v in enumerate(target.dag.order)}
+                required = sorted(hyperpath.requires, key=lambda v: position.get(v, len(position)))
+                ordered += [v for v in required if self.is_tool(v)]
         ordered += [v for v in target.dag.order if self.is_tool(v)]
         if context:
             # Past the target's plan, what followed the current tool in other executions.
