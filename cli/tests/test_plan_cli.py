@@ -52,6 +52,7 @@ class CannedPlanner:
             threshold=0.6,
             accepted=False,
             reason="below threshold",
+            method=request.method or "drdsp",
         )
 
     def PlannerInfo(
@@ -105,7 +106,8 @@ def test_plan_next_json(canned: CannedPlanner) -> None:
     reply = json.loads(result.stdout)
     assert reply["next_tool"] == "git:git_commit"
     assert [c["tool"] for c in reply["candidates"]] == ["git:git_commit", "git:git_push"]
-    assert canned.requests[0].tenant_id == "t1" and canned.requests[0].method == "drdsp"
+    # no --method: the planner chooses (the tenant's best by its figures)
+    assert canned.requests[0].tenant_id == "t1" and canned.requests[0].method == ""
 
 
 def test_plan_dag_prints_and_json(canned: CannedPlanner) -> None:
@@ -113,6 +115,7 @@ def test_plan_dag_prints_and_json(canned: CannedPlanner) -> None:
     assert result.exit_code == 0, result.output
     assert "not accepted" in result.stdout and "dependency" in result.stdout
     assert "git:git_add → git:git_commit" in result.stdout
+    assert any(line.split() == ["method", "drdsp"] for line in result.stdout.splitlines())
     result = runner.invoke(app, ["plan", "dag", "commit my work", "--json", "--method", "search"])
     reply = json.loads(result.stdout)
     assert reply["edges"] == [

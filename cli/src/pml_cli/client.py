@@ -175,6 +175,7 @@ def print_dag(console: Console, reply: planner_pb2.SuggestDagResponse) -> None:
         f"[bold]confidence[/]  {_verdict(reply.confidence, reply.threshold, reply.accepted)}"
     )
     console.print(f"[bold]reason[/]      {escape(reply.reason) or '-'}")
+    console.print(f"[bold]method[/]      {escape(reply.method) or '-'}")
     console.print(f"[bold]nodes[/]       {escape(', '.join(reply.nodes)) or '-'}")
     console.print(f"[bold]order[/]       {_path(reply.order)}")
     if reply.edges:

@@ -45,6 +45,10 @@ out = Console()
 
 DEMO_CATALOG = Path(__file__).parent / "demo" / "catalog.jsonl"
 TenantOpt = Annotated[str | None, typer.Option("--tenant", help="Tenant (default: settings).")]
+PLAN_METHOD_HELP = (
+    "drdsp | legacy | discovery | search; none: the tenant's best by its prequential figures "
+    "(pml plan info), DR-DSP until they are enough"
+)
 IdPrefixOption = Annotated[
     str,
     typer.Option(
@@ -491,7 +495,7 @@ def plan_next(
         list[str] | None,
         typer.Option("--context", help="A tool already used, in order (repeatable)."),
     ] = None,
-    method: Annotated[str, typer.Option(help="drdsp | legacy | discovery | search")] = "drdsp",
+    method: Annotated[str, typer.Option(help=PLAN_METHOD_HELP)] = "",
     tenant: TenantOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
@@ -513,7 +517,7 @@ def plan_next(
 @plan_app.command("dag")
 def plan_dag(
     intent: Annotated[str, typer.Argument(help="What the agent wants to do.")],
-    method: Annotated[str, typer.Option(help="drdsp | legacy | discovery | search")] = "drdsp",
+    method: Annotated[str, typer.Option(help=PLAN_METHOD_HELP)] = "",
     tenant: TenantOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
@@ -551,7 +555,7 @@ def plan_info(
 def _check_plan_method(method: str) -> None:
     from pml_cli import client
 
-    if method not in client.PLAN_METHODS:
+    if method and method not in client.PLAN_METHODS:
         fail(f"unknown method {method!r}; choose one of {', '.join(client.PLAN_METHODS)}")
 
 
