@@ -126,6 +126,15 @@ def test_run_plans_asks_every_prefix_and_one_dag() -> None:
     assert result["edge_f1"] == pytest.approx((2 * 1 / (1 + 2) + 0.0) / 2, abs=1e-4)
 
 
+def test_the_default_method_names_none_so_the_planner_chooses() -> None:
+    stub = FakePlanner()
+    run = PlanRun({"a", "b"})
+    ask = planner_asker(stub, "t", "default")
+    run_plans(ask, [q("1", ["a", "b"], ["a", "b"])], run, QUIET, "default", PerQueryLog(None))
+    assert {r.method for r in stub.next_requests} == {""}
+    assert [r.method for r in stub.dag_requests] == [""]
+
+
 def test_candidates_fall_back_to_next_tool() -> None:
     assert candidates_of(planner_pb2.PredictNextResponse(next_tool="a")) == ["a"]
     assert candidates_of(planner_pb2.PredictNextResponse()) == []

@@ -21,6 +21,10 @@ query's tool set was run in training). Capabilities, executions and the `knn` ba
 from the training folds only. `knn` (`eval_baselines`) answers in this process from the
 nearest training intent's sequence, and marks every answer accepted.
 
+`default` asks naming no method, as most callers do: the planner answers with the method its
+prequential figures on the fold's training executions favour (`models` lists, per fold, the
+methods it chose).
+
 Several methods (`--method drdsp,legacy,knn`) are asked in turn on the same learned folds, so
 they are compared on one and the same learning; the result has one block per method, and
 every planner method its difference to `knn` per metric (`vs_best_baseline`). A query whose
@@ -68,7 +72,12 @@ from pml_common.settings import Settings
 
 PLAN_SERVICES = ("search", "trainer", "scorer", "planner")
 PLAN_BASELINES = ("knn",)
-EVAL_PLAN_METHODS = (*client.PLAN_METHODS, *PLAN_BASELINES)
+#: What a request naming no method gets: the planner's choice by its prequential figures.
+DEFAULT_METHOD = "default"
+EVAL_PLAN_METHODS = (*client.PLAN_METHODS, DEFAULT_METHOD, *PLAN_BASELINES)
+#: How long the planner may go without judging another training execution before the fold's
+#: default method is read as it stands.
+JUDGEMENT_STALL_S = 120.0
 RPC_TIMEOUT_S = 60.0
 IN_FLIGHT = 4
 #: How many next-step candidates the per-query log keeps.
@@ -188,6 +197,8 @@ def evaluate_plan(
             with eval_tenant(live, tools, console, label) as tenant:
                 model = learn_from(live, tenant, train, console, label, ordered=True)
                 models.append({"fold": number, **asdict(model)})
+                if DEFAULT_METHOD in served:
+                    models[-1].update(chosen_methods(live, tenant, len(train), console, label))
                 stub = client.planner_stub(live)
                 for m in served:
                     ask = planner_asker(stub, tenant, m)
@@ -318,12 +329,37 @@ def _logged(
     }
 
 
+def chosen_methods(
+    settings: Settings, tenant: str, executions: int, console: Console, label: str
+) -> dict[str, Any]:
+    """The methods the planner chose for requests naming none, once it has judged the fold's
+    training `executions` (or gone `JUDGEMENT_STALL_S` without judging another)."""
+    judged, last_change = -1, time.monotonic()
+    with console.status(f"{label}: waiting for the planner to judge {executions} executions…"):
+        while True:
+            info = client.planner_info(settings, tenant)
+            now = info.executions + info.skipped_executions
+            if now != judged:
+                judged, last_change = now, time.monotonic()
+            if now >= executions or time.monotonic() - last_change > JUDGEMENT_STALL_S:
+                break
+            time.sleep(1.0)
+    console.log(f"{label}: default methods next={info.next_method} dag={info.dag_method}")
+    return {
+        "default_next": info.next_method,
+        "default_dag": info.dag_method,
+        "judged_executions": info.executions,
+    }
+
+
 def planner_asker(stub: PlannerStub, tenant: str, method: str) -> Asker:
-    """Answers of the planner service with `method`: PredictNext per prefix, one SuggestDag."""
+    """Answers of the planner service with `method` (`default`: none named, the planner
+    chooses): PredictNext per prefix, one SuggestDag."""
+    wire = "" if method == DEFAULT_METHOD else method
 
     def next_step(intent: str, context: list[str]) -> planner_pb2.PredictNextResponse:
         request = planner_pb2.PredictNextRequest(
-            tenant_id=tenant, intent=intent, context_tools=context, method=method
+            tenant_id=tenant, intent=intent, context_tools=context, method=wire
         )
         return retry_unavailable(partial(stub.PredictNext, request, timeout=RPC_TIMEOUT_S))
 
@@ -332,7 +368,7 @@ def planner_asker(stub: PlannerStub, tenant: str, method: str) -> Asker:
         for context, want in next_step_cases(steps_of(query)):
             reply = next_step(query.query, context)
             nexts.append(NextAnswer(len(context), want, candidates_of(reply), reply.accepted))
-        request = planner_pb2.SuggestDagRequest(tenant_id=tenant, intent=query.query, method=method)
+        request = planner_pb2.SuggestDagRequest(tenant_id=tenant, intent=query.query, method=wire)
         dag = retry_unavailable(partial(stub.SuggestDag, request, timeout=RPC_TIMEOUT_S))
         edges = [(e.source, e.target) for e in dag.edges]
         return Plan(nexts, list(dag.nodes), edges, list(dag.order), dag.accepted)

@@ -566,8 +566,9 @@ def eval_plan(
     method: Annotated[
         str,
         typer.Option(
-            help="drdsp | legacy | discovery | search | knn (the nearest training intent's "
-            "sequence), or several: drdsp,legacy,knn"
+            help="drdsp | legacy | discovery | search | default (no method named: the "
+            "planner's choice by its prequential figures) | knn (the nearest training "
+            "intent's sequence), or several: drdsp,legacy,knn"
         ),
     ] = "drdsp",
     min_steps: Annotated[int, typer.Option(help="Keep queries with at least this many steps.")] = 2,
