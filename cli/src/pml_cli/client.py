@@ -177,6 +177,8 @@ def print_dag(console: Console, reply: planner_pb2.SuggestDagResponse) -> None:
     console.print(f"[bold]reason[/]      {escape(reply.reason) or '-'}")
     console.print(f"[bold]method[/]      {escape(reply.method) or '-'}")
     console.print(f"[bold]nodes[/]       {escape(', '.join(reply.nodes)) or '-'}")
+    if reply.composed:
+        console.print(f"[bold]composed[/]    {escape(', '.join(reply.composed))}")
     console.print(f"[bold]order[/]       {_path(reply.order)}")
     if reply.edges:
         table = Table("source", "target", "type")

@@ -95,7 +95,8 @@ async def test_an_execution_is_judged_by_every_method_before_thresholds_learn(
     assert summary.figures("search").hits_at_1 == 2
     assert abs(summary.figures("search").mean_node_f1 - 0.8) < 1e-9
     assert summary.figures("drdsp").mean_node_f1 == 1.0  # the capability's DAG
-    # One fetch per kind for the whole execution, every method and step computed in-process.
+    # One fetch per kind for the whole execution (the request is its own single sub-goal, so
+    # its tools serve composition too), every method and step computed in-process.
     assert len(stand_ins.rankings.requests) == 2
     assert await thresholds.all_contexts(tenant)  # the remembered suggestion was learned
 

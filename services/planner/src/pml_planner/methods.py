@@ -10,9 +10,11 @@ prequential evaluation fetches once per execution and runs every method at every
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pml_planner.composition import CLAUSE_TOOLS, clauses_of, compose
 from pml_planner.planning import Candidate, DagPlan, NextPlan, TenantPlanner, chain_plan
 from pml_planner.targets import Targets, TargetSource
 
@@ -34,9 +36,15 @@ class Needs:
 
     capabilities: bool = False
     tools: int = 0
+    #: Search's tools for each of the request's sub-goals (`composition`).
+    clauses: bool = False
 
     def __or__(self, other: Needs) -> Needs:
-        return Needs(self.capabilities or other.capabilities, max(self.tools, other.tools))
+        return Needs(
+            self.capabilities or other.capabilities,
+            max(self.tools, other.tools),
+            self.clauses or other.clauses,
+        )
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,8 @@ class Inputs:
 
     targets: Targets = NO_TARGETS
     tools: tuple[Candidate, ...] = ()
+    #: Per sub-goal of the request (or the request itself), search's first tools.
+    clause_tools: tuple[tuple[Candidate, ...], ...] = ()
 
     def intent_scores(self) -> dict[str, float]:
         return {c.id: c.score for c in self.targets.candidates}
@@ -66,7 +76,7 @@ def next_needs(method: str, context: Sequence[str]) -> Needs:
 
 def dag_needs(method: str) -> Needs:
     if method == "drdsp":
-        return Needs(capabilities=True)
+        return Needs(capabilities=True, clauses=True)
     if method == "legacy":
         return Needs(tools=1)
     if method == "discovery":
@@ -77,7 +87,22 @@ def dag_needs(method: str) -> Needs:
 async def fetch(source: TargetSource, tenant: str, intent: str, needs: Needs) -> Inputs:
     targets = await source.capabilities(tenant, intent) if needs.capabilities else NO_TARGETS
     tools = await source.tools(tenant, intent, needs.tools) if needs.tools else []
-    return Inputs(targets, tuple(tools))
+    clause_tools: tuple[tuple[Candidate, ...], ...] = ()
+    if needs.clauses:
+        clause_tools = await _clause_tools(source, tenant, intent, tools)
+    return Inputs(targets, tuple(tools), clause_tools)
+
+
+async def _clause_tools(
+    source: TargetSource, tenant: str, intent: str, fetched: Sequence[Candidate]
+) -> tuple[tuple[Candidate, ...], ...]:
+    """Search's first tools per sub-goal, all asked at once; a request with no sub-goals is its
+    own clause, whose tools may have been fetched already."""
+    clauses = clauses_of(intent)
+    if clauses == [intent] and len(fetched) >= CLAUSE_TOOLS:
+        return (tuple(fetched[:CLAUSE_TOOLS]),)
+    found = await asyncio.gather(*(source.tools(tenant, c, CLAUSE_TOOLS) for c in clauses))
+    return tuple(tuple(ranked) for ranked in found)
 
 
 def predict_next(
@@ -104,7 +129,7 @@ def suggest_dag(method: str, planner: TenantPlanner, inputs: Inputs) -> DagPlan:
     first = inputs.tools[0] if inputs.tools else None
     if method == "drdsp":
         target = planner.choose_target(inputs.targets.candidates)
-        return chain_plan([], 0.0) if target is None else planner.suggest_dag(target)
+        return compose(planner, target, inputs.clause_tools)
     if method == "legacy":
         chain = planner.legacy_chain(first.id) if first else []
         return chain_plan(chain, first.score if first else 0.0)

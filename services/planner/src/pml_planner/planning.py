@@ -83,6 +83,8 @@ class DagPlan:
     edges: tuple[tuple[str, str, str], ...]  # (source, target, type)
     order: tuple[str, ...]
     confidence: float
+    #: Nodes composed from the request's sub-goals rather than taken from a learned capability.
+    composed: tuple[str, ...] = ()
 
 
 def hyperedges_of(graph: PlannerGraph) -> dict[str, Hyperedge]:

@@ -108,6 +108,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             reason=decision.reason if plan.nodes else "nothing to suggest for this intent",
             threshold=decision.threshold,
             method=method,
+            composed=list(plan.composed),
         )
 
     async def PlannerInfo(
