@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from redis.asyncio import Redis
 
@@ -9,7 +10,8 @@ from pml_common.embedding import Embedder, UseEmbedder
 from pml_common.events import ToolSpec
 from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
-from pml_trainer.evaluation import TenantViews
+from pml_common.tool_graph import GraphCapability, GraphTool, ToolGraph
+from pml_trainer.evaluation import TenantViews, build_view, hierarchy_of, without_workflows
 from pml_trainer.graph_store import GraphStore
 
 TOOLS = {
@@ -52,3 +54,26 @@ async def test_past_the_bound_the_least_recently_used_view_is_dropped_then_read_
     assert again.hierarchy.tool_ids == first.hierarchy.tool_ids  # ...to the same view
     assert again.version == first.version == "untrained"
     assert views._views.keys() == [tenant]
+
+
+def test_without_workflows_drops_the_capabilities_of_new_work_and_keeps_the_tools() -> None:
+    rng = np.random.default_rng(0)
+    ids = ("s:a", "s:b", "s:c")
+    vectors = {i: rng.random(8).astype(np.float32) for i in ids}
+    tools = tuple(GraphTool(i, i, "") for i in ids)
+    caps = (
+        GraphCapability("ab", "ab", "", ("s:a", "s:b"), ()),
+        GraphCapability("bc", "bc", "", ("s:b", "s:c"), ()),
+        GraphCapability("meta", "meta", "", (), ("ab", "bc")),
+    )
+    graph = ToolGraph("t", tools, caps, vectors)
+    view = build_view(graph, hierarchy_of(graph, 8), None)
+    unseen, blind = without_workflows(view, graph, None, {frozenset({"s:b", "s:a"})})
+    assert [c.id for c in blind.capabilities] == ["bc", "meta"]
+    assert unseen.hierarchy.node_index("ab") is None
+    assert unseen.hierarchy.node_index("bc") is not None
+    # same tools in the same order, and the same first stage: scores compare index for index
+    assert unseen.hierarchy.tool_ids == view.hierarchy.tool_ids
+    assert unseen.baseline is view.baseline
+    # nothing to hide: the view itself
+    assert without_workflows(view, graph, None, {frozenset({"s:a", "s:c"})})[0] is view

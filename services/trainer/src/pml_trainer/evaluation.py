@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import structlog
@@ -82,11 +82,14 @@ class TenantView:
 
 
 def build_view(
-    graph: ToolGraph, hierarchy: Hierarchy, published: tuple[ModelRecord, bytes] | None
+    graph: ToolGraph,
+    hierarchy: Hierarchy,
+    published: tuple[ModelRecord, bytes] | None,
+    baseline: FusedFirstStage | None = None,
 ) -> TenantView:
     """The view of a tenant's graph (and its hierarchy) served with `published` (the first
-    stage alone when None or unusable)."""
-    baseline = FusedFirstStage.of_graph(graph)
+    stage alone when None or unusable); `baseline`: the graph's first stage, when built."""
+    baseline = baseline if baseline is not None else FusedFirstStage.of_graph(graph)
     serving, weight, version = None, 0.0, "untrained"
     if published is not None:
         record, blob = published
@@ -104,6 +107,23 @@ def build_view(
 
 def hierarchy_of(graph: ToolGraph, dim: int) -> Hierarchy:
     return Hierarchy.build(graph.tool_vectors, graph.capabilities, dim=dim)
+
+
+def without_workflows(
+    view: TenantView,
+    graph: ToolGraph,
+    published: tuple[ModelRecord, bytes] | None,
+    tool_sets: Collection[frozenset[str]],
+) -> tuple[TenantView, ToolGraph]:
+    """`view` as if the capabilities running exactly one of `tool_sets` were not registered:
+    how the tenant's scores treat such work when it is new (no capability stands for it yet).
+    The tools and the first stage are the same, so score vectors compare index for index."""
+    kept = tuple(c for c in graph.capabilities if frozenset(c.tools) not in tool_sets)
+    if len(kept) == len(graph.capabilities):
+        return view, graph
+    blind = replace(graph, capabilities=kept)
+    hierarchy = hierarchy_of(blind, view.hierarchy.dim)
+    return build_view(blind, hierarchy, published, view.baseline), blind
 
 
 #: Default of `max_nodes`: the setting's.

@@ -43,7 +43,7 @@ from pml_shgat.hierarchy import Hierarchy
 from pml_shgat.params import Params, ShgatConfig, from_bytes, init_params, make_config, to_bytes
 from pml_shgat.serving import ServingModel
 from pml_shgat.training import ShgatTrainer, make_batch, path_examples
-from pml_trainer.evaluation import TenantView, build_view, hierarchy_of
+from pml_trainer.evaluation import TenantView, build_view, hierarchy_of, without_workflows
 from pml_trainer.handlers import Publisher
 from pml_trainer.holdout import HoldOut
 from pml_trainer.replay_buffer import ReplayBuffer, Sample, Trace
@@ -225,7 +225,7 @@ class LearningLoop:
         version, None for the first stage alone), else keep it as the last rejected one; the
         record's metrics carry the decision (`accepted`) and the figures it was made on."""
         serving = await asyncio.to_thread(build_view, graph, hierarchy, published)
-        verdict = await self.gate(tenant, serving, config, params)
+        verdict = await self.gate(tenant, serving, config, params, graph, published)
         _check(lease, None)
         figures = {
             **metrics,
@@ -253,9 +253,20 @@ class LearningLoop:
         return record
 
     async def gate(
-        self, tenant: str, serving: TenantView, config: ShgatConfig, params: Params
+        self,
+        tenant: str,
+        serving: TenantView,
+        config: ShgatConfig,
+        params: Params,
+        graph: ToolGraph,
+        published: tuple[ModelRecord, bytes] | None,
     ) -> Verdict:
-        """Judge a candidate against the serving view on the tenant's held-back executions."""
+        """Judge a candidate against the serving view on the tenant's held-back executions.
+
+        A novel one (no trace in the replay buffer ran its set of tools) is judged as new work:
+        without the capabilities that run exactly its tools (`without_workflows`), since work
+        of a new kind has no capability yet, and a correction that only recalls registered
+        workflows must not pass for one that generalizes."""
         traces: list[Trace] = []
         judged: list[Judged] = []
         trained = await self._buffer.tool_sets(tenant)
@@ -267,13 +278,10 @@ class LearningLoop:
         intents = await embed_intents(
             [t.intent for t in traces], self._embedder, self._tool_embedder
         )
+        novel = {frozenset(t.path) for t, j in zip(traces, judged, strict=True) if j.novel}
+        unseen, _ = await asyncio.to_thread(without_workflows, serving, graph, published, novel)
         return await asyncio.to_thread(
-            _judge,
-            serving,
-            ServingModel(config, params, serving.hierarchy),
-            intents,
-            judged,
-            self._config.min_holdout,
+            _judge, serving, unseen, config, params, intents, judged, self._config.min_holdout
         )
 
     async def _intents(self, texts: list[str]) -> list[np.ndarray]:
@@ -367,15 +375,23 @@ class LearningLoop:
 
 def _judge(
     serving: TenantView,
-    candidate: ServingModel,
+    unseen: TenantView,
+    config: ShgatConfig,
+    params: Params,
     intents: Sequence[Intent],
     judged: Sequence[Judged],
     min_judged: int,
 ) -> Verdict:
+    """The verdict, novel executions scored in the `unseen` view (same tools, same order)."""
+    candidate = ServingModel(config, params, serving.hierarchy)
+    blind = candidate if unseen is serving else ServingModel(config, params, unseen.hierarchy)
+    views = [(unseen, blind) if j.novel else (serving, candidate) for j in judged]
     return judge(
         first_stage=[serving.first_stage(i) for i in intents],
-        serving=[serving.served(i) for i in intents],
-        candidate_correction=[tool_scores(candidate, i.vector) for i in intents],
+        serving=[view.served(i) for (view, _), i in zip(views, intents, strict=True)],
+        candidate_correction=[
+            tool_scores(model, i.vector) for (_, model), i in zip(views, intents, strict=True)
+        ],
         judged=judged,
         min_judged=min_judged,
     )
