@@ -28,7 +28,7 @@ def _consumers(
     memory = SuggestionMemory(redis, thresholds)
     planners = TenantPlanners(graph_db, settings.neo4j_database)
     figures = PrequentialStore(redis)
-    consumers = PlannerConsumers(planners, memory, Judge(planners, targets), figures)
+    consumers = PlannerConsumers(planners, memory, Judge(planners, targets, figures), figures)
     return consumers, memory, thresholds, figures
 
 
@@ -60,6 +60,9 @@ async def test_a_deleted_tenant_takes_its_thresholds_suggestions_and_figures_alo
     await consumers.on_execution_completed(_run(tenant, "ship it", "s:a", ok=False))
     assert await thresholds.all_contexts(tenant)
     assert (await figures.summary(tenant)).skipped == 1
+    for who in (tenant, other):
+        assert await figures.first_run(who, ["s:a", "s:b"])
+        assert not await figures.first_run(who, ["s:b", "s:a"])  # the same set of tools
 
     await consumers.on_tenant_deleted(TenantDeleted.create(tenant_id=tenant))
 
@@ -67,6 +70,8 @@ async def test_a_deleted_tenant_takes_its_thresholds_suggestions_and_figures_alo
     assert await redis.exists(f"pml:planner:suggestions:{tenant}") == 0
     assert await redis.exists(f"pml:planner:suggestions:{other}") == 1
     assert await redis.exists(f"pml:planner:prequential:{tenant}") == 0
+    assert await redis.exists(f"pml:planner:runs:{tenant}") == 0
+    assert await redis.exists(f"pml:planner:runs:{other}") == 1
 
 
 async def test_an_execution_is_judged_by_every_method_before_thresholds_learn(
@@ -94,11 +99,18 @@ async def test_an_execution_is_judged_by_every_method_before_thresholds_learn(
     # Search's order is the run's: both steps first, and its DAG holds one tool too many.
     assert summary.figures("search").hits_at_1 == 2
     assert abs(summary.figures("search").mean_node_f1 - 0.8) < 1e-9
-    assert summary.figures("drdsp").mean_node_f1 == 1.0  # the capability's DAG
+    # The first run of {build, ship} is new work: judged without `release`, which runs exactly
+    # those tools, DR-DSP composes its DAG from search's best tool for the request (F1 2/3).
+    assert abs(summary.figures("drdsp").mean_node_f1 - 2 / 3) < 1e-9
     # One fetch per kind for the whole execution (the request is its own single sub-goal, so
     # its tools serve composition too), every method and step computed in-process.
     assert len(stand_ins.rankings.requests) == 2
     assert await thresholds.all_contexts(tenant)  # the remembered suggestion was learned
+
+    # Run again, the same tools are work already run: `release`'s DAG is the answer (F1 1).
+    await consumers.on_execution_completed(_run(tenant, "release it", "s:build", "s:ship"))
+    again = (await figures.summary(tenant)).figures("drdsp")
+    assert again.dags == 2 and abs(again.node_f1 - (2 / 3 + 1.0)) < 1e-9
 
 
 async def test_search_failing_skips_the_figures_not_the_learning(

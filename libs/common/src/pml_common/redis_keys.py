@@ -82,6 +82,11 @@ def planner_prequential(tenant: str) -> str:
     return key("planner:prequential", tenant)
 
 
+def planner_runs(tenant: str) -> str:
+    """Digests of the sets of tools a tenant's executions ran, as the planner judged them."""
+    return key("planner:runs", tenant)
+
+
 def embedding(model: str, kind: str, digest: str) -> str:
     """A cached vector: `kind` is `q` (query) or `p` (passage), `digest` the text's sha256.
 

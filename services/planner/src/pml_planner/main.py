@@ -51,7 +51,7 @@ class PlannerApp:
         )
         figures = PrequentialStore(self._redis)
         self.bus = EventBus(settings, SERVICE)
-        consumers = PlannerConsumers(planners, memory, Judge(planners, targets), figures)
+        consumers = PlannerConsumers(planners, memory, Judge(planners, targets, figures), figures)
         self._group = consumers.subscribe(self.bus, settings.consumer_name)
         servicer = PlannerServicer(settings, planners, targets, thresholds, memory, figures)
         self._server = GrpcServer(settings, self.port, SERVICE)

@@ -106,11 +106,16 @@ async def _clause_tools(
 
 
 def predict_next(
-    method: str, planner: TenantPlanner, inputs: Inputs, context: Sequence[str]
+    method: str,
+    planner: TenantPlanner,
+    inputs: Inputs,
+    context: Sequence[str],
+    hidden: frozenset[str] = frozenset(),
 ) -> NextPlan:
-    """The next step after `context` (tools already run, in order) by `method`."""
+    """The next step after `context` (tools already run, in order) by `method`, as if the
+    `hidden` capabilities were not registered (`prequential`: new work)."""
     if method == "drdsp":
-        target = planner.choose_target(inputs.targets.candidates, context)
+        target = planner.choose_target(inputs.targets.candidates, context, hidden)
         return NO_NEXT if target is None else planner.predict_next(target, context, NEXT_CANDIDATES)
     if method in ("legacy", "discovery") and not context:
         # The heuristic needs a current tool and discovery is passive: with nothing run yet,
@@ -120,22 +125,25 @@ def predict_next(
         ranked = planner.legacy_next(context, NEXT_CANDIDATES)
         return NextPlan(tuple(ranked), "", (), ranked[0].score if ranked else 0.0)
     if method == "discovery":
-        return planner.discovery_next(context, inputs.intent_scores(), NEXT_CANDIDATES)
+        return planner.discovery_next(context, inputs.intent_scores(), NEXT_CANDIDATES, hidden)
     return _search_next(inputs.tools, context)
 
 
-def suggest_dag(method: str, planner: TenantPlanner, inputs: Inputs) -> DagPlan:
-    """The whole DAG `method` suggests for the intent `inputs` were fetched for."""
+def suggest_dag(
+    method: str, planner: TenantPlanner, inputs: Inputs, hidden: frozenset[str] = frozenset()
+) -> DagPlan:
+    """The whole DAG `method` suggests for the intent `inputs` were fetched for (without the
+    `hidden` capabilities, as `predict_next`)."""
     first = inputs.tools[0] if inputs.tools else None
     if method == "drdsp":
-        target = planner.choose_target(inputs.targets.candidates)
+        target = planner.choose_target(inputs.targets.candidates, hidden=hidden)
         return compose(planner, target, inputs.clause_tools)
     if method == "legacy":
         chain = planner.legacy_chain(first.id) if first else []
         return chain_plan(chain, first.score if first else 0.0)
     if method == "discovery":
         # The DAG of the capability discovered from the intent's first search tool.
-        found = planner.discover([first.id], inputs.intent_scores(), 1) if first else []
+        found = planner.discover([first.id], inputs.intent_scores(), 1, hidden) if first else []
         if not found:
             return chain_plan([first.id] if first else [], first.score if first else 0.0)
         return planner.suggest_dag(planner.target(found[0]))

@@ -174,14 +174,19 @@ class TenantPlanner:
         return Target(candidate.id, candidate.score, dag, math.prod(1.0 / c for c in costs))
 
     def choose_target(
-        self, candidates: Sequence[Candidate], context: Sequence[str] = ()
+        self,
+        candidates: Sequence[Candidate],
+        context: Sequence[str] = (),
+        hidden: frozenset[str] = frozenset(),
     ) -> Target | None:
         """The target that fits the intent and the tools already run (`target_fit`); ties: the
         larger id. The capabilities holding a context tool join the intent's candidates (at
-        intent score 0): the work under way may belong to one the intent ranked lower."""
-        pool = {c.id: c for c in candidates if c.id in self.graph.nodes}
+        intent score 0): the work under way may belong to one the intent ranked lower.
+        `hidden` capabilities are never chosen (see `prequential`)."""
+        pool = {c.id: c for c in candidates if c.id in self.graph.nodes and c.id not in hidden}
         for cap in self.capabilities_holding(context):
-            pool.setdefault(cap, Candidate(cap, 0.0))
+            if cap not in hidden:
+                pool.setdefault(cap, Candidate(cap, 0.0))
         targets = [self.target(c) for c in pool.values()]
         return max(targets, key=lambda t: (self.target_fit(t, context), t.id), default=None)
 
@@ -197,6 +202,15 @@ class TenantPlanner:
             return 0.0
         overlap = len(tools & done) / len(done)
         return (1.0 - CONTEXT_WEIGHT) * target.confidence + CONTEXT_WEIGHT * overlap
+
+    def capabilities_running(self, tools: Sequence[str]) -> frozenset[str]:
+        """Capabilities whose member tools are exactly `tools` (as a set)."""
+        wanted = frozenset(tools)
+        return frozenset(
+            cap
+            for cap in self.capabilities_holding(tools)
+            if frozenset(m for m in self.graph.members[cap] if self.is_tool(m)) == wanted
+        )
 
     def capabilities_holding(self, tools: Sequence[str]) -> list[str]:
         """Capabilities with one of `tools` among their direct members, in id order."""
@@ -281,23 +295,32 @@ class TenantPlanner:
         return self._discovery
 
     def discover(
-        self, context: Sequence[str], intent_scores: dict[str, float], k: int
+        self,
+        context: Sequence[str],
+        intent_scores: dict[str, float],
+        k: int,
+        hidden: frozenset[str] = frozenset(),
     ) -> list[Candidate]:
         """Capabilities by discovery score, best first; among equal scores the one that fits
-        the intent better (its target score), then the smaller id."""
+        the intent better (its target score), then the smaller id. Never a `hidden` one."""
         found = self.discovery().rank_capabilities(context, len(self.graph.members) or 1)
+        found = [c for c in found if c[0] not in hidden]
         found.sort(key=lambda c: (-c[1], -intent_scores.get(c[0], 0.0), c[0]))
         return [Candidate(cap, score) for cap, score in found[:k]]
 
     def discovery_next(
-        self, context: Sequence[str], intent_scores: dict[str, float], k: int
+        self,
+        context: Sequence[str],
+        intent_scores: dict[str, float],
+        k: int,
+        hidden: frozenset[str] = frozenset(),
     ) -> NextPlan:
         """The member tools not yet run of the discovered capabilities, in capability order
         then member order; each step down the list halves the score, as in `predict_next`."""
         done = set(context)
         ordered: list[str] = []
         best: Candidate | None = None
-        for found in self.discover(context, intent_scores, k):
+        for found in self.discover(context, intent_scores, k, hidden):
             tools = [t for t in self.target(found).dag.order if self.is_tool(t) and t not in done]
             if tools and best is None:
                 best = found

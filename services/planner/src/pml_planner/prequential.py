@@ -9,6 +9,13 @@ fetched once per execution (one call to the scorer's capabilities, one to search
 every method and step is computed in-process, by the very functions that answer requests
 (`methods`).
 
+An execution whose set of tools the tenant never ran before is judged as new work: without the
+capabilities that run exactly those tools (`hidden`), as a task never run has none. Otherwise a
+capability registered ahead of its first run would let the methods that follow capabilities
+recall the answer, and the figures would favour them where work is new (ETOM's workflow
+split: every training run had its registered capability, and the figures chose discovery,
+which was 29 points of next_hit@1 below search order on the unseen tasks).
+
 An execution is skipped (and counted so) when it ran no tool the tenant's planner knows. The
 planner's graph is the one it holds at that moment: the trainer, on its own consumer group, may
 already have learned from the same execution.
@@ -25,6 +32,7 @@ on ties, DR-DSP.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -144,16 +152,21 @@ def node_f1(suggested: Sequence[str], executed: Sequence[str]) -> float:
 
 
 def method_figures(
-    method: str, planner: TenantPlanner, inputs: Inputs, tools: Sequence[str]
+    method: str,
+    planner: TenantPlanner,
+    inputs: Inputs,
+    tools: Sequence[str],
+    hidden: frozenset[str] = frozenset(),
 ) -> MethodFigures:
-    """How `method` would have predicted the run of `tools` (distinct, in order)."""
+    """How `method` would have predicted the run of `tools` (distinct, in order), without the
+    `hidden` capabilities."""
     hits_at_1 = hits_at_3 = 0
     for i, tool in enumerate(tools):
-        plan = methods.predict_next(method, planner, inputs, tools[:i])
+        plan = methods.predict_next(method, planner, inputs, tools[:i], hidden)
         ranked = [c.id for c in plan.candidates]
         hits_at_1 += ranked[:1] == [tool]
         hits_at_3 += tool in ranked[:3]
-    dag = methods.suggest_dag(method, planner, inputs)
+    dag = methods.suggest_dag(method, planner, inputs, hidden)
     # Its tool nodes: all but capabilities (a tool search knows and the graph not yet counts).
     suggested = [n for n in dag.nodes if not _is_capability(planner, n)]
     return MethodFigures(len(tools), hits_at_1, hits_at_3, 1, node_f1(suggested, tools))
@@ -165,9 +178,12 @@ def _is_capability(planner: TenantPlanner, node: str) -> bool:
 
 
 def figures_of(
-    planner: TenantPlanner, inputs: Inputs, tools: Sequence[str]
+    planner: TenantPlanner,
+    inputs: Inputs,
+    tools: Sequence[str],
+    hidden: frozenset[str] = frozenset(),
 ) -> dict[str, MethodFigures]:
-    return {m: method_figures(m, planner, inputs, tools) for m in METHODS}
+    return {m: method_figures(m, planner, inputs, tools, hidden) for m in METHODS}
 
 
 def choose(summary: Summary, kind: Kind, min_evidence: int = MIN_EVIDENCE) -> Choice:
@@ -188,9 +204,12 @@ def choose(summary: Summary, kind: Kind, min_evidence: int = MIN_EVIDENCE) -> Ch
 class Judge:
     """Computes an execution's figures with the planner as it stands (nothing is written)."""
 
-    def __init__(self, planners: TenantPlanners, targets: TargetSource) -> None:
+    def __init__(
+        self, planners: TenantPlanners, targets: TargetSource, store: PrequentialStore
+    ) -> None:
         self._planners = planners
         self._targets = targets
+        self._store = store
 
     async def judge(self, event: ExecutionCompleted) -> dict[str, MethodFigures] | None:
         """Every method's figures on `event`; empty when it is skipped (no tool the planner
@@ -211,7 +230,11 @@ class Judge:
                 error=f"{type(exc).__name__}: {exc}",
             )
             return None
-        return figures_of(planner, inputs, tools)
+        # New work (a set of tools the tenant never ran) is judged as the requests of a task
+        # never run are answered: no capability stands for it yet, even if one is registered.
+        first_run = await self._store.first_run(event.tenant_id, tools)
+        hidden = planner.capabilities_running(tools) if first_run else frozenset()
+        return figures_of(planner, inputs, tools, hidden)
 
 
 # --- the store ------------------------------------------------------------------------------
@@ -245,8 +268,18 @@ class PrequentialStore:
         found = {m: _figures(fields, m) for m in METHODS}
         return Summary(found, int(fields.get("executions", 0.0)), int(fields.get("skipped", 0.0)))
 
+    async def first_run(self, tenant: str, tools: Sequence[str]) -> bool:
+        """Whether no execution judged before ran this set of tools (it is then remembered).
+
+        Marked before the execution's figures are written: one redelivered after a failure
+        in between is judged as work already run."""
+        digest = hashlib.sha256("\n".join(sorted(set(tools))).encode()).hexdigest()
+        return bool(await self._redis.sadd(redis_keys.planner_runs(tenant), digest))
+
     async def delete_tenant(self, tenant: str) -> None:
-        await self._redis.delete(redis_keys.planner_prequential(tenant))
+        await self._redis.delete(
+            redis_keys.planner_prequential(tenant), redis_keys.planner_runs(tenant)
+        )
 
 
 def _figures(fields: Mapping[str, float], method: str) -> MethodFigures:
