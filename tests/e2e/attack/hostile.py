@@ -456,4 +456,5 @@ other_services: st.SearchStrategy[Request] = st.one_of(
         intent=TEXT,
         method=METHOD,
     ),
+    _request(_PLANNER + "PlannerInfo", planner_pb2.PlannerInfoRequest, tenant_id=TENANT),
 )
