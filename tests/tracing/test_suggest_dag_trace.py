@@ -137,7 +137,9 @@ async def test_one_suggest_dag_call_is_one_trace_across_services_and_neo4j(
         async def finished() -> Trace:
             return Trace.of(exporter, client.context.trace_id)
 
-        trace = await eventually(finished, lambda t: len(t.named(SEARCH)) == 2)
+        # search twice: the capabilities (untrained model), then the tools of the request's
+        # one sub-goal (what `SuggestDag` composes from), a client and a server span each
+        trace = await eventually(finished, lambda t: len(t.named(SEARCH)) == 4)
 
     assert trace.assert_one_tree() is client
     planner = trace.one(SUGGEST, SpanKind.SERVER)
@@ -150,12 +152,16 @@ async def test_one_suggest_dag_call_is_one_trace_across_services_and_neo4j(
     assert attrs["rpc.system"] == "grpc"
 
     # planner → scorer, then (untrained model) planner → search, each over gRPC.
-    for method in (SCORE, SEARCH):
-        out = trace.one(method, SpanKind.CLIENT)
+    out = trace.one(SCORE, SpanKind.CLIENT)
+    assert_local_child(trace, out, planner)
+    assert_remote_child(trace, trace.one(SCORE, SpanKind.SERVER), out)
+    searches = trace.named(SEARCH, SpanKind.SERVER)
+    for out in trace.named(SEARCH, SpanKind.CLIENT):
         assert_local_child(trace, out, planner)
-        assert_remote_child(trace, trace.one(method, SpanKind.SERVER), out)
+        [served] = [s for s in searches if s.parent and s.parent.span_id == out.context.span_id]
+        assert_remote_child(trace, served, out)
     scorer = trace.one(SCORE, SpanKind.SERVER)
-    for server in (scorer, trace.one(SEARCH, SpanKind.SERVER)):  # every server names the tenant
+    for server in (scorer, *searches):  # every server names the tenant
         assert dict(server.attributes or {})["pml.tenant_id"] == tenant
 
     # The planner read the tenant's hypergraph, the scorer its tool graph, in their requests.
@@ -167,7 +173,7 @@ async def test_one_suggest_dag_call_is_one_trace_across_services_and_neo4j(
         "MATCH Tool",
         "MATCH Capability OPTIONAL MATCH CONTAINS",
     }
-    search_reads = _neo4j_children(trace, trace.one(SEARCH, SpanKind.SERVER))
+    search_reads = [s for server in searches for s in _neo4j_children(trace, server)]
     assert search_reads, "search's graph reads (reliability) are not in the trace"
     for span in (*planner_reads, *scorer_reads, *search_reads):
         assert span.kind is SpanKind.CLIENT
