@@ -65,12 +65,13 @@ class TenantPlanners:
             return planner
 
     async def refresh(self, tenant: str) -> None:
-        if tenant not in self._planners:
-            return  # loaded fresh on its first request
+        # Under the tenant's lock: a load under way (`get`) may have read the graph before this
+        # change; it finishes first and is then brought up to date, instead of the change being
+        # dropped as "not loaded" and the tenant served stale until its next change.
         async with self._lock(tenant):
             planner = self._planners.peek(tenant)
             if planner is None:
-                return
+                return  # loaded fresh on its first request
             graph = await read_planner_graph(self._driver, self._database, tenant)
             changed = planner.sync(graph)
             self._planners.shrink()  # the graph may have grown
