@@ -114,16 +114,16 @@ def without_workflows(
     graph: ToolGraph,
     published: tuple[ModelRecord, bytes] | None,
     tool_sets: Collection[frozenset[str]],
-) -> tuple[TenantView, ToolGraph]:
+) -> TenantView:
     """`view` as if the capabilities running exactly one of `tool_sets` were not registered:
     how the tenant's scores treat such work when it is new (no capability stands for it yet).
     The tools and the first stage are the same, so score vectors compare index for index."""
     kept = tuple(c for c in graph.capabilities if frozenset(c.tools) not in tool_sets)
     if len(kept) == len(graph.capabilities):
-        return view, graph
+        return view
     blind = replace(graph, capabilities=kept)
     hierarchy = hierarchy_of(blind, view.hierarchy.dim)
-    return build_view(blind, hierarchy, published, view.baseline), blind
+    return build_view(blind, hierarchy, published, view.baseline)
 
 
 #: Default of `max_nodes`: the setting's.

@@ -279,7 +279,7 @@ class LearningLoop:
             [t.intent for t in traces], self._embedder, self._tool_embedder
         )
         novel = {frozenset(t.path) for t, j in zip(traces, judged, strict=True) if j.novel}
-        unseen, _ = await asyncio.to_thread(without_workflows, serving, graph, published, novel)
+        unseen = await asyncio.to_thread(without_workflows, serving, graph, published, novel)
         return await asyncio.to_thread(
             _judge, serving, unseen, config, params, intents, judged, self._config.min_holdout
         )
