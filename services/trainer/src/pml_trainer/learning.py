@@ -416,7 +416,8 @@ def _td_errors(
         model.predict_path_success(intent, trace.path)
         for trace, intent in zip(sample.traces, intents, strict=True)
     ]
-    return np.asarray([t.outcome for t in sample.traces]) - np.asarray(predicted)
+    errors: np.ndarray = np.asarray([t.outcome for t in sample.traces]) - np.asarray(predicted)
+    return errors
 
 
 def _check(lease: Lease, stop: asyncio.Event | None) -> None:
