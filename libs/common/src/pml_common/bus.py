@@ -31,6 +31,11 @@ record the event id with it. While a batch runs, its consumer keeps its entries 
 (`_Heartbeat`), so the reclaimers of other consumers only take the entries of a dead consumer,
 not those of a slow one.
 
+A subscription made with `subscribe_batch` instead hands its handler the batch's events not
+handled yet in one call (one span linked to every publisher's), and marks and acknowledges them
+together when it returns; when it raises, the same events go through the per-event path above,
+one call each, so an event that fails is retried and dead-lettered alone.
+
 FastStream runs two batch subscribers per subscription, both calling the same code: one reads
 new entries (XREADGROUP), the other reclaims idle pending ones (a `StreamSub` with
 `min_idle_time` only does XAUTOCLAIM). FastStream's own OpenTelemetry middleware is not used: it
@@ -230,6 +235,11 @@ class _Subscription:
     group: str
     handler: Callable[[Any], Awaitable[None]]
     dedupe: bool
+    #: `subscribe_batch`'s handler: the not-yet-handled events of a read batch in one call
+    #: (`handler` then calls it with one event, for the per-event fallback).
+    batch_handler: Callable[[list[Any]], Awaitable[None]] | None = None
+    #: Entries read per XREADGROUP call.
+    batch_size: int = _BATCH
 
     @property
     def stream(self) -> str:
@@ -269,11 +279,36 @@ class EventBus:
         dedupe: bool = True,
     ) -> None:
         """Consume `event_type`'s stream in consumer group `group`; call before `start()`."""
+        self._add(_Subscription(event_type, group, handler, dedupe))
+
+    def subscribe_batch(
+        self,
+        event_type: type[E],
+        group: str,
+        handler: Callable[[list[E]], Awaitable[None]],
+        *,
+        dedupe: bool = True,
+        batch_size: int = _BATCH,
+    ) -> None:
+        """Like `subscribe`, but `handler` gets the decoded, not-yet-handled events of a read
+        batch (up to `batch_size`, stream order, each event once) in one call: a handler that
+        can do one store round trip for many events. When it raises, each event of the batch
+        is handled again alone (`handler([event])`), so an event that fails is retried and
+        dead-lettered alone, with its own reason, and never holds back the others."""
+
+        async def one(event: E) -> None:
+            await handler([event])
+
+        self._add(_Subscription(event_type, group, one, dedupe, handler, batch_size))
+
+    def _add(self, sub: _Subscription) -> None:
         if self._broker is not None:
             raise RuntimeError("subscribe() must be called before start()")
-        if any(s.event_type is event_type and s.group == group for s in self._subscriptions):
-            raise ValueError(f"{event_type.TYPE} is already subscribed in group {group!r}")
-        self._subscriptions.append(_Subscription(event_type, group, handler, dedupe))
+        if any(
+            s.event_type is sub.event_type and s.group == sub.group for s in self._subscriptions
+        ):
+            raise ValueError(f"{sub.event_type.TYPE} is already subscribed in group {sub.group!r}")
+        self._subscriptions.append(sub)
 
     async def start(self) -> None:
         if self._broker is not None:
@@ -385,7 +420,7 @@ class EventBus:
             group=sub.group,
             consumer=settings.consumer_name,
             batch=True,
-            max_records=_BATCH,
+            max_records=sub.batch_size,
             # The reclaimer polls slower: pending entries only matter once they are idle.
             polling_interval=max(100, settings.reclaim_idle_ms // 4) if reclaim else 100,
             min_idle_time=settings.reclaim_idle_ms if reclaim else None,
@@ -400,7 +435,7 @@ class EventBus:
         async def on_batch(batch: Mapping[str, Any]) -> None:
             entry_ids: Sequence[bytes] = batch["message_ids"]
             await self._on_batch(sub, entry_ids, batch["data"], reclaimed=reclaim)
-            if not reclaim and len(entry_ids) < _BATCH:
+            if not reclaim and len(entry_ids) < sub.batch_size:
                 # A partial batch means the group has caught up: let the next one fill a little
                 # instead of paying a read, a dedupe check and a write for every few entries.
                 await asyncio.sleep(_LINGER_S)
@@ -475,6 +510,14 @@ class EventBus:
         ]
         todo = [entry for entry in decoded if entry is not None]
         handled = await self._already_handled(sub, todo)
+        if sub.batch_handler is not None and len(todo) > 1:
+            todo = self._fresh(todo, handled, writes)
+            if await self._run_batch_handler(sub, sub.batch_handler, todo):
+                for entry in todo:
+                    self._handled(sub, entry, handled, writes)
+                await self._flush(sub, writes)
+                return
+            # Some event of the batch fails: each alone now, so only that one is retried.
         for entry in todo:
             if time.monotonic() - started > slow_after_s:
                 await self._flush(sub, writes)
@@ -484,11 +527,79 @@ class EventBus:
                 writes.acks.append(entry.entry_id)
                 continue
             if await self._run_handler(sub, entry, writes):
-                if sub.dedupe:
-                    writes.marks.append(self._dedupe_key(sub, entry.event))
-                    handled.add(_identity(entry))
-                writes.acks.append(entry.entry_id)
+                self._handled(sub, entry, handled, writes)
         await self._flush(sub, writes)
+
+    def _handled(
+        self, sub: _Subscription, entry: _Entry, handled: set[tuple[str, str]], writes: _Writes
+    ) -> None:
+        """The entry's handler succeeded: its dedupe mark and acknowledgement, to flush."""
+        if sub.dedupe:
+            writes.marks.append(self._dedupe_key(sub, entry.event))
+            handled.add(_identity(entry))
+        writes.acks.append(entry.entry_id)
+
+    def _fresh(
+        self, entries: Sequence[_Entry], handled: set[tuple[str, str]], writes: _Writes
+    ) -> list[_Entry]:
+        """The entries a batch handler gets: those handled before, and repeats of an event
+        earlier in the batch, are acknowledged without it (as the per-event loop would)."""
+        fresh: list[_Entry] = []
+        seen = set(handled)
+        for entry in entries:
+            if _identity(entry) in seen:
+                log.debug("bus.duplicate_skipped", event_id=entry.event.event_id)
+                writes.acks.append(entry.entry_id)
+                continue
+            seen.add(_identity(entry))
+            fresh.append(entry)
+        return fresh
+
+    async def _run_batch_handler(
+        self,
+        sub: _Subscription,
+        handler: Callable[[list[Any]], Awaitable[None]],
+        entries: Sequence[_Entry],
+    ) -> bool:
+        """Run a batch handler in one span linked to each publisher's; True on success.
+        A failure is only logged: the events are handled again one by one."""
+        if not entries:
+            return True
+        links = [
+            trace.Link(trace.get_current_span(extract_trace(e.event.trace)).get_span_context())
+            for e in entries
+        ]
+        with _tracer.start_as_current_span(
+            f"consume {sub.event_type.TYPE} batch",
+            kind=SpanKind.CONSUMER,
+            links=links,
+            attributes={
+                "messaging.system": "redis",
+                "messaging.destination.name": sub.stream,
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "consume",
+                "messaging.consumer.group.name": sub.group,
+                "messaging.batch.message_count": len(entries),
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                await handler([entry.event for entry in entries])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                log.warning(
+                    "bus.batch_handler_failed_handling_one_by_one",
+                    stream=sub.stream,
+                    group=sub.group,
+                    events=len(entries),
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+                return False
+        return True
 
     def _decode_safely(
         self, sub: _Subscription, entry_id: bytes, fields: dict[bytes, bytes], writes: _Writes
