@@ -61,8 +61,10 @@ async def test_a_deleted_tenant_takes_its_thresholds_suggestions_and_figures_alo
     assert await thresholds.all_contexts(tenant)
     assert (await figures.summary(tenant)).skipped == 1
     for who in (tenant, other):
-        assert await figures.first_run(who, ["s:a", "s:b"])
-        assert not await figures.first_run(who, ["s:b", "s:a"])  # the same set of tools
+        assert not await figures.ran_before(who, ["s:a", "s:b"])
+        await figures.record(who, {}, ["s:a", "s:b"])
+        assert await figures.ran_before(who, ["s:b", "s:a"])  # the same set of tools
+        assert not await figures.ran_before(who, ["s:a"])
 
     await consumers.on_tenant_deleted(TenantDeleted.create(tenant_id=tenant))
 
@@ -134,3 +136,28 @@ async def test_search_failing_skips_the_figures_not_the_learning(
     assert await thresholds.all_contexts(tenant)
     summary = await figures.summary(tenant)
     assert (summary.executions, summary.skipped) == (0, 0)
+
+
+async def test_an_execution_judged_but_never_recorded_is_still_new_work_when_redelivered(
+    redis: Redis,
+    graph_db: neo4j.AsyncDriver,
+    settings: Settings,
+    tenant: str,
+    stand_ins: StandIns,
+) -> None:
+    await write_graph(graph_db, tenant, {"release": ["s:build", "s:ship"]})
+    stand_ins.rank(["s:build", "s:ship", "s:other"], ["release"])
+    planners = TenantPlanners(graph_db, settings.neo4j_database)
+    figures = PrequentialStore(redis)
+    judge = Judge(planners, stand_ins.targets, figures)
+    event = _run(tenant, "release it", "s:build", "s:ship")
+
+    failed = await judge.judge(event)  # a delivery that fails before its figures are written
+    redelivered = await judge.judge(event)
+    assert failed is not None and redelivered == failed
+    # new work: judged without `release`, DR-DSP composes from search's best tool (F1 2/3)
+    assert abs(redelivered.figures["drdsp"].node_f1 - 2 / 3) < 1e-9
+
+    await figures.record(tenant, redelivered.figures, redelivered.tools)
+    after = await judge.judge(event)  # the same tools once recorded: work already run
+    assert after is not None and after.figures["drdsp"].node_f1 == 1.0

@@ -56,7 +56,7 @@ class PlannerConsumers:
         await self._figures.delete_tenant(event.tenant_id)
 
     async def on_execution_completed(self, event: ExecutionCompleted) -> None:
-        figures = await self._judge.judge(event)
+        judged = await self._judge.judge(event)
         await self._memory.learn(event)
-        if figures is not None:
-            await self._figures.record(event.tenant_id, figures)
+        if judged is not None:
+            await self._figures.record(event.tenant_id, judged.figures, judged.tools)

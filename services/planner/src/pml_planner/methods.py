@@ -152,8 +152,9 @@ def suggest_dag(
 
 
 def dag_tools(planner: TenantPlanner, plan: DagPlan) -> list[str]:
-    """The plan's tools in execution order (its nodes when it names no tool the planner knows)."""
-    return [n for n in plan.order if planner.is_tool(n)] or list(plan.order)
+    """The plan's tools in execution order: every node but capabilities (a tool search found
+    and the graph does not hold yet is a tool all the same)."""
+    return [n for n in plan.order if not planner.is_capability(n)]
 
 
 def _search_next(ranked: Sequence[Candidate], context: Sequence[str]) -> NextPlan:

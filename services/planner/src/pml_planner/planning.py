@@ -256,6 +256,10 @@ class TenantPlanner:
         info = self.graph.nodes.get(node)
         return info is not None and info.kind == "tool"
 
+    def is_capability(self, node: str) -> bool:
+        info = self.graph.nodes.get(node)
+        return info is not None and info.kind == "capability"
+
     # --- legacy -----------------------------------------------------------------------------
 
     def legacy(self) -> ToolGraphFeatures:

@@ -167,14 +167,8 @@ def method_figures(
         hits_at_1 += ranked[:1] == [tool]
         hits_at_3 += tool in ranked[:3]
     dag = methods.suggest_dag(method, planner, inputs, hidden)
-    # Its tool nodes: all but capabilities (a tool search knows and the graph not yet counts).
-    suggested = [n for n in dag.nodes if not _is_capability(planner, n)]
+    suggested = methods.dag_tools(planner, dag)
     return MethodFigures(len(tools), hits_at_1, hits_at_3, 1, node_f1(suggested, tools))
-
-
-def _is_capability(planner: TenantPlanner, node: str) -> bool:
-    info = planner.graph.nodes.get(node)
-    return info is not None and info.kind == "capability"
 
 
 def figures_of(
@@ -211,13 +205,13 @@ class Judge:
         self._targets = targets
         self._store = store
 
-    async def judge(self, event: ExecutionCompleted) -> dict[str, MethodFigures] | None:
-        """Every method's figures on `event`; empty when it is skipped (no tool the planner
+    async def judge(self, event: ExecutionCompleted) -> Judgement | None:
+        """Every method's figures on `event`; none when it is skipped (no tool the planner
         knows), None when the scorer or search failed (logged: nothing is measured then)."""
         planner = await self._planners.get(event.tenant_id)
         tools = judged_tools(planner, event)
         if not tools:
-            return {}
+            return Judgement({}, ())
         try:
             inputs = await methods.fetch(
                 self._targets, event.tenant_id, event.intent, needs_of(tools)
@@ -232,9 +226,17 @@ class Judge:
             return None
         # New work (a set of tools the tenant never ran) is judged as the requests of a task
         # never run are answered: no capability stands for it yet, even if one is registered.
-        first_run = await self._store.first_run(event.tenant_id, tools)
-        hidden = planner.capabilities_running(tools) if first_run else frozenset()
-        return figures_of(planner, inputs, tools, hidden)
+        ran = await self._store.ran_before(event.tenant_id, tools)
+        hidden = frozenset() if ran else planner.capabilities_running(tools)
+        return Judgement(figures_of(planner, inputs, tools, hidden), tuple(tools))
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """An execution's figures per method, and the tools they were judged on."""
+
+    figures: dict[str, MethodFigures]
+    tools: tuple[str, ...]
 
 
 # --- the store ------------------------------------------------------------------------------
@@ -244,11 +246,16 @@ class PrequentialStore:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
 
-    async def record(self, tenant: str, figures: Mapping[str, MethodFigures]) -> None:
-        """Add one execution's figures (none: a skipped execution), in one transaction, and
-        export the tenant's new means."""
+    async def record(
+        self, tenant: str, figures: Mapping[str, MethodFigures], tools: Sequence[str] = ()
+    ) -> None:
+        """Add one execution's figures (none: a skipped execution) and remember that its
+        `tools` have run, in one transaction (an execution redelivered after a failure before
+        it is judged again as the work it was), and export the tenant's new means."""
         key = redis_keys.planner_prequential(tenant)
         async with self._redis.pipeline(transaction=True) as pipe:
+            if tools:
+                pipe.sadd(redis_keys.planner_runs(tenant), _run_digest(tools))
             pipe.hincrbyfloat(key, "executions" if figures else "skipped", 1)
             for method, one in figures.items():
                 for name in _SUMS:
@@ -256,7 +263,8 @@ class PrequentialStore:
             totals = await pipe.execute()
         # HINCRBYFLOAT answers the new sums: the tenant's figures now, without reading them.
         fields = [f"{m}:{name}" for m in figures for name in _SUMS]
-        now = dict(zip(fields, map(float, totals[1:]), strict=True))
+        sums = totals[2:] if tools else totals[1:]
+        now = dict(zip(fields, map(float, sums), strict=True))
         for method in figures:
             _export(tenant, method, _figures(now, method))
 
@@ -268,18 +276,19 @@ class PrequentialStore:
         found = {m: _figures(fields, m) for m in METHODS}
         return Summary(found, int(fields.get("executions", 0.0)), int(fields.get("skipped", 0.0)))
 
-    async def first_run(self, tenant: str, tools: Sequence[str]) -> bool:
-        """Whether no execution judged before ran this set of tools (it is then remembered).
-
-        Marked before the execution's figures are written: one redelivered after a failure
-        in between is judged as work already run."""
-        digest = hashlib.sha256("\n".join(sorted(set(tools))).encode()).hexdigest()
-        return bool(await self._redis.sadd(redis_keys.planner_runs(tenant), digest))
+    async def ran_before(self, tenant: str, tools: Sequence[str]) -> bool:
+        """Whether an execution recorded before ran this set of tools."""
+        key = redis_keys.planner_runs(tenant)
+        return bool(await self._redis.sismember(key, _run_digest(tools)))
 
     async def delete_tenant(self, tenant: str) -> None:
         await self._redis.delete(
             redis_keys.planner_prequential(tenant), redis_keys.planner_runs(tenant)
         )
+
+
+def _run_digest(tools: Sequence[str]) -> str:
+    return hashlib.sha256("\n".join(sorted(set(tools))).encode()).hexdigest()
 
 
 def _figures(fields: Mapping[str, float], method: str) -> MethodFigures:
