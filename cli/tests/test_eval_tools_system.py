@@ -5,6 +5,7 @@ candidate read from a real Redis."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 from pathlib import Path
@@ -12,9 +13,11 @@ from pathlib import Path
 import redis.asyncio as aioredis
 from rich.console import Console
 
+from pml_cli import client
+from pml_cli.catalog_files import load_catalog
 from pml_cli.eval_data import QuerySelection
 from pml_cli.eval_folds import _rejected_metrics, covered, evaluate_folds
-from pml_cli.eval_tools import evaluate_tools
+from pml_cli.eval_tools import eval_tenant, evaluate_tools
 from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
 from pml_common.testing import service_process
@@ -78,6 +81,31 @@ def test_a_refused_query_is_reported_and_a_long_one_cut(
     assert len(by_id["L2-1"]["query"]) == 60 and by_id["L2-1"]["error"] is None
     assert "git:commit" in by_id["L2-1"]["ranked"]
     assert by_id["L1-1"]["ranked"][0] == "fs:read_file"
+
+
+def test_an_evaluation_tenant_is_deleted_on_failure_and_left_on_interruption(
+    settings: Settings, settings_env: dict[str, str], tmp_path: Path
+) -> None:
+    """An interrupted run must not wait on a deletion that waits on search (a large catalog
+    still registering held a bench for minutes): its tenant is left, and named."""
+    tools = load_catalog(write_set(tmp_path / "set", []) / "catalog.jsonl")
+    output = io.StringIO()
+    console = Console(file=output)
+    with service_process("pml_search", "PML_SEARCH_PORT", settings_env, tmp_path / "s.log") as s:
+        live = settings.model_copy(update={"search_addr": s.address})
+        tenants = {}
+        for ending in (RuntimeError, KeyboardInterrupt):
+            with contextlib.suppress(ending), eval_tenant(live, tools, console) as tenant:
+                tenants[ending] = tenant
+                assert _tools_found(live, tenant) > 0
+                raise ending("the run ends here")
+        assert _tools_found(live, tenants[RuntimeError]) == 0
+        assert _tools_found(live, tenants[KeyboardInterrupt]) > 0
+    assert f"tenants left undeleted: {tenants[KeyboardInterrupt]}" in output.getvalue()
+
+
+def _tools_found(settings: Settings, tenant: str) -> int:
+    return len(client.search(settings, tenant, "read a file from disk", 5, None))
 
 
 def test_baselines_need_no_service_and_the_split_shows_what_memory_answers(

@@ -208,17 +208,12 @@ def _event_to_serving(settings: Settings, rounds: int, console: Console) -> dict
     step(console, "executions → served version: on the running system, or a private one")
     with running_system(settings, console, ("search", "trainer", "scorer")) as live:
         tenant = f"bench-{uuid.uuid4().hex[:10]}"
-        try:
+        with client.scratch_tenants(live, console, tenant, timeout=120):
             pairs = [[tools[i].id, tools[i + 1].id] for i in range(0, 20, 2)]
             what = f"registering {len(tools)} demo tools and {len(pairs)} capabilities"
             with phase(console, f"{what} under {tenant}"):
                 _register(live, tenant, tools, pairs)
             times = [_one_publication(live, tenant, pairs, r, console) for r in range(rounds)]
-        finally:
-            with phase(console, f"deleting {tenant}"):
-                client.search_stub(live).DeleteTenant(
-                    search_pb2.DeleteTenantRequest(tenant_id=tenant), timeout=120
-                )
     return {
         "event_to_serving_s": round(statistics.median(times), 2),
         "event_to_serving_runs_s": [round(t, 2) for t in times],

@@ -158,7 +158,7 @@ def bench_search(
     with running_system(settings, console) as live:
         tenant = f"bench-{uuid.uuid4().hex[:10]}"
         stub = client.search_stub(live)
-        try:
+        with client.scratch_tenants(live, console, tenant):
             started = time.perf_counter()
             _register(live, tenant, catalog, console)
             register_s = time.perf_counter() - started
@@ -167,9 +167,6 @@ def bench_search(
             first_ms = _warm_up(call, first, queries, console)
             latencies, wall = _measure_grpc(call, queries, requests, clients, console)
             inproc = asyncio.run(_measure_inproc(live, tenant, catalog, queries, console))
-        finally:
-            with phase(console, f"deleting {tenant}"):
-                stub.DeleteTenant(search_pb2.DeleteTenantRequest(tenant_id=tenant), timeout=300)
     p50 = statistics.median(latencies)
     inproc_p50 = statistics.median(inproc)
     return {
@@ -204,17 +201,13 @@ def bench_search_beside_registration(
     with running_system(settings, console) as live:
         tenant, neighbour = f"bench-{run}", f"bench-{run}-neighbour"
         stub = client.search_stub(live)
-        try:
+        with client.scratch_tenants(live, console, tenant, neighbour):
             _register(live, tenant, catalog, console)
             call = _search_call(stub, tenant)
             _warm_up(call, _search_call(stub, tenant, FIRST_SEARCH_TIMEOUT_S), queries, console)
             alone, _ = _measure_grpc(call, queries, requests, clients, console)
             beside = _Beside(call, queries)
             registration = beside.measure(live, neighbour, neighbour_catalog, clients, console)
-        finally:
-            with phase(console, f"deleting {tenant} and {neighbour}"):
-                for name in (tenant, neighbour):
-                    stub.DeleteTenant(search_pb2.DeleteTenantRequest(tenant_id=name), timeout=300)
     return {
         "tools": tools,
         "neighbour_tools": neighbour_tools,

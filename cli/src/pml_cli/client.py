@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -20,6 +22,8 @@ from pml.v1 import (
     search_pb2,
     search_pb2_grpc,
 )
+from pml_cli.eval_runs import retry_unavailable
+from pml_cli.phases import phase
 from pml_common.grpc_client import blocking_channel
 from pml_common.settings import Settings
 
@@ -36,6 +40,36 @@ def channel(address: str, settings: Settings) -> grpc.Channel:
 
 def search_stub(settings: Settings) -> search_pb2_grpc.SearchServiceStub:
     return search_pb2_grpc.SearchServiceStub(channel(settings.search_addr, settings))
+
+
+@contextmanager
+def scratch_tenants(
+    settings: Settings, console: Console, *tenants: str, timeout: float = 300.0
+) -> Iterator[None]:
+    """Tenants a bench or an evaluation fills for itself, deleted when it ends, whether it
+    succeeded or failed. Not after an interruption: the user asked to stop now, and a deletion
+    waits for what search is still doing for the tenant (a large registration holds it for
+    minutes); a private system's stores go with it, and on the running system the tenants left
+    are named."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        console.print(f"interrupted: tenants left undeleted: {', '.join(tenants)}")
+        raise
+    except BaseException:
+        _delete_tenants(settings, console, tenants, timeout)
+        raise
+    _delete_tenants(settings, console, tenants, timeout)
+
+
+def _delete_tenants(
+    settings: Settings, console: Console, tenants: Sequence[str], timeout: float
+) -> None:
+    stub = search_stub(settings)
+    with phase(console, f"deleting {' and '.join(tenants)}"):
+        for tenant in tenants:
+            request = search_pb2.DeleteTenantRequest(tenant_id=tenant)
+            retry_unavailable(partial(stub.DeleteTenant, request, timeout=timeout))
 
 
 def scorer_stub(settings: Settings) -> scorer_pb2_grpc.ScorerServiceStub:

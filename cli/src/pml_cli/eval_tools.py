@@ -83,14 +83,11 @@ def eval_tenant(
     """A tenant of its own holding the catalog, deleted afterwards: evaluations leave nothing."""
     tenant = f"eval-{uuid.uuid4().hex[:12]}"
     prefix = f"{label}: " if label else ""
-    try:
+    with client.scratch_tenants(settings, console, tenant, timeout=120):
         with console.status(f"{prefix}registering {len(tools)} tools…"):
             # Registering again is harmless: unchanged tools are counted, not stored twice.
             retry_unavailable(lambda: client.register_tools(settings, tenant, tools))
         yield tenant
-    finally:
-        request = search_pb2.DeleteTenantRequest(tenant_id=tenant)
-        retry_unavailable(lambda: client.search_stub(settings).DeleteTenant(request, timeout=120))
 
 
 @dataclass
