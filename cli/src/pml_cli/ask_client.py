@@ -110,11 +110,22 @@ def _timings(timings: Sequence[common_pb2.StageTiming]) -> str:
 
 
 def _seed(seed: knowledge_pb2.SeedConcept) -> str:
-    """A seed and what made it one: its weight, the sections mentioning it, a topic it names."""
-    why = [f"{seed.weight:.2f}", f"{seed.sections} section{'s' if seed.sections != 1 else ''}"]
+    """A seed and what made it one: how the question named it (exact key, alias, fuzzy name
+    with its score), its type, its weight, the sections mentioning it, a topic it names."""
+    why = [_link(seed)] if seed.link else []
+    why += [seed.entity_type] if seed.entity_type else []
+    why += [f"{seed.weight:.2f}", f"{seed.sections} section{'s' if seed.sections != 1 else ''}"]
     why += ["topic"] if seed.topic else []
     why += ["inside a longer seed"] if seed.subsumed else []
+    why += ["inside a named entity"] if seed.inside_entity else []
+    why += ["common word beside a named entity"] if seed.common_word else []
     return f"{seed.key} ({', '.join(why)})"
+
+
+def _link(seed: knowledge_pb2.SeedConcept) -> str:
+    """How the question named a seed: `fuzzy 0.83 "Tikhaya Sosna"`, `exact "pop"`."""
+    score = f" {seed.link_score:.2f}" if seed.link_score < 1.0 else ""
+    return f'{seed.link}{score} "{seed.span}"' if seed.span else f"{seed.link}{score}"
 
 
 def print_answer(console: Console, question: str, reply: knowledge_pb2.AskResponse) -> None:

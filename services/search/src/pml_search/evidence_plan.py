@@ -1,11 +1,12 @@
 """From a question's concepts to the SectionContexts worth searching: the evidence plan (§5.2).
 
-Seeds. The question's word n-grams are keyed like the concepts of ingestion
-(`pml_common.concepts.ngram_keys`); those that are concepts or topics of the tenant are its
-seeds, weighted by how specific they are: the inverse document frequency over the tenant's
-sections, ``ln(1 + N/df) / ln(1 + N)``, halved for a key that is part of a longer seed
-("psychotherapy" inside "journal of psychotherapy integration"). The `MAX_SEEDS` heaviest are
-kept (§5.2: top 10-20).
+Seeds. The question is linked to the tenant's concepts and topics (`pml_search.seed_linking`:
+its spans by key as ingestion keys concepts, by alias, or by fuzzy name); they are its seeds,
+weighted by how specific they are: the inverse document frequency over the tenant's sections,
+``ln(1 + N/df) / ln(1 + N)``, halved for a key that is part of a longer seed ("psychotherapy"
+inside "journal of psychotherapy integration"), times what the link keeps (`Seed.factor`: a
+fuzzy link's score; a word inside a named entity of the question, or a single common word
+beside one, cut down). The `MAX_SEEDS` heaviest are kept (§5.2: top 10-20).
 
 Plan. Every SectionContext gets a weight from three sources, each normalised to [0, 1]:
 
@@ -28,11 +29,12 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pml_common.concepts import is_stop_concept
 from pml_search.knowledge_reads import Bridge, ConceptRow, Route
 from pml_search.paths import Path
+from pml_search.seed_linking import EXACT, Link, seed_factor
 
 MAX_SEEDS = 12
 #: Weight of a seed contained in a longer seed.
@@ -64,6 +66,19 @@ class Seed:
     topic: bool
     #: Part of a longer seed of the same question (its weight was halved for it).
     subsumed: bool = False
+    #: How the question named it (`pml_search.seed_linking.Link`); an exact key by default.
+    link: str = EXACT
+    link_score: float = 1.0
+    span: str = ""
+    entity_type: str = ""
+    inside_entity: bool = False
+    common_word: bool = False
+
+    @property
+    def factor(self) -> float:
+        """What its link keeps of its weight: the link's score, cut inside a named entity or
+        for a common word beside one (`seed_linking.seed_factor`)."""
+        return seed_factor(self.link_score, self.inside_entity, self.common_word)
 
 
 @dataclass
@@ -96,8 +111,11 @@ def _contained(key: str, other: str) -> bool:
     return key != other and f" {key} " in f" {other} "
 
 
-def seeds_of(rows: Iterable[ConceptRow], total_sections: int) -> list[Seed]:
-    """The question's seeds, heaviest first (ties: longer key, then the key)."""
+def seeds_of(
+    rows: Iterable[ConceptRow], total_sections: int, links: Mapping[str, Link] | None = None
+) -> list[Seed]:
+    """The question's seeds, heaviest first (ties: longer key, then the key); `links` say
+    how the question named each key (an exact key when absent)."""
     found = [r for r in rows if not is_stop_concept(r.key)]
     keys = [r.key for r in found]
     seeds = []
@@ -106,7 +124,20 @@ def seeds_of(rows: Iterable[ConceptRow], total_sections: int) -> list[Seed]:
         subsumed = any(_contained(row.key, other) for other in keys)
         if subsumed:
             weight *= SUBSUMED_FACTOR
-        seeds.append(Seed(row.key, row.name, weight, row.sections, row.topic, subsumed))
+        seed = Seed(row.key, row.name, weight, row.sections, row.topic, subsumed)
+        link = (links or {}).get(row.key)
+        if link is not None:
+            seed = replace(
+                seed,
+                link=link.how,
+                link_score=link.score,
+                span=link.span,
+                entity_type=link.entity_type,
+                inside_entity=link.inside_entity,
+                common_word=link.common_word,
+            )
+            seed = replace(seed, weight=weight * seed.factor)
+        seeds.append(seed)
     seeds.sort(key=lambda s: (-s.weight, -len(s.key), s.key))
     return seeds[:MAX_SEEDS]
 

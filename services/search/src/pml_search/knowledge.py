@@ -4,6 +4,9 @@
     the Cypher fallback), scored by §8bis ─plan→ evidence plan (SectionContexts) ─vector→ the
     chunks of the plan's sections nearest the question, ranked by semantic × plan weight
 
+Seeds are the concepts and topics the question names, linked by key, alias or fuzzy name
+(`seed_linking`, over an index of the tenant's names kept with the propagation graph).
+
 Methods: `graph-first` plans evidence by anchoring the seeds and one bridge hop
 (`evidence_plan`); `graph-ppr` ranks the sections by a Personalized PageRank from the seeds over
 the concept ↔ section graph (`propagation`, GDS `pageRank` when the plugin is present) and plans
@@ -41,7 +44,6 @@ from itertools import pairwise
 import numpy as np
 from opentelemetry import trace
 
-from pml_common.concepts import ngram_keys
 from pml_search import evidence_plan as planning
 from pml_search.chunk_index import ChunkHit, ChunkIndex
 from pml_search.evidence_plan import EvidencePlan, Seed
@@ -173,13 +175,15 @@ class KnowledgeEngine:
         answer = Answer(Mode.TEXT_ONLY, method, [], [], EvidencePlan(), [], "", stages)
         with stages.stage("seeds") as span:
             answer.reads.append("graph")
-            keys = ngram_keys(question)
+            names = await self.propagation.names(tenant)
+            links = {link.key: link for link in names.link(question)}
             # graph-ppr walks the cached graph instead of following the seeds' routes
             per_key = 0 if method == GRAPH_PPR else planning.ROUTES_PER_KEY
-            rows, routes = await self.reads.anchors(tenant, keys, per_key)
+            rows, routes = await self.reads.anchors(tenant, list(links), per_key)
             total = await self.reads.section_count(tenant)
-            answer.seeds = planning.seeds_of(rows, total)
+            answer.seeds = planning.seeds_of(rows, total, links)
             span.set_attribute("pml.seeds", len(answer.seeds))
+            span.set_attribute("pml.linked", len(links))
         degrees = {r.key: r.degree for r in rows}
         with stages.stage("paths") as span:
             answer.paths, answer.path_finder = await self._paths(tenant, answer.seeds, degrees)

@@ -18,6 +18,8 @@ every value from a request reaches Neo4j as a parameter.
 - `graph`: the whole concept ↔ section graph of a tenant, for propagation
   (`pml_search.propagation`): each section's mentions and topics, each topic's `COVERS`, each
   evidenced semantic relation.
+- `names`: every concept and topic of a tenant with its display name and entity type, for the
+  index that links questions to them (`pml_search.seed_linking`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import neo4j
 from pml_common.knowledge_graph import SEMANTIC_RELATION_TYPES
 from pml_common.settings import Settings
 from pml_search.paths import Edge, Evidence
+from pml_search.seed_linking import CONCEPT_TYPE, TOPIC_TYPE, NameRow
 
 #: Relation types a path may follow: the Pass 3 whitelist (a parameter of every path query).
 RELATION_TYPES = sorted(SEMANTIC_RELATION_TYPES)
@@ -173,6 +176,20 @@ WHERE type(r) IN $types AND r.tenant_id = $tenant
   AND size(coalesce(r.evidence_context_ids, r.evidence_ids, [])) > 0
   AND size(coalesce(r.evidence_quotes, [])) > 0
 RETURN collect([a.canonical_name, b.canonical_name, coalesce(r.confidence, 0.0)]) AS rows
+"""
+
+# Every concept's key, name and type (its NER label from ingestion, or "CONCEPT" for a noun
+# phrase), and every topic's key and heading; one record per query, as for `graph`.
+_CONCEPT_NAMES = """
+MATCH (c:CanonicalConcept {tenant_id: $tenant})
+RETURN collect([c.canonical_name, coalesce(c.name, c.canonical_name),
+                CASE WHEN c.concept_type = 'ENTITY' THEN coalesce(c.entity_label, 'ENTITY')
+                     ELSE 'CONCEPT' END]) AS rows
+"""
+
+_TOPIC_NAMES = """
+MATCH (t:Topic {tenant_id: $tenant})
+RETURN collect([t.topic_id, coalesce(t.name, t.topic_id)]) AS rows
 """
 
 _DEGREES = """
@@ -362,6 +379,14 @@ class KnowledgeReads:
             covers=[CoverRow(str(topic), _weights(covered)) for topic, covered in covers["rows"]],
             relations=[RelationRow(str(a), str(b), float(w)) for a, b, w in relations["rows"]],
         )
+
+    async def names(self, tenant: str) -> list[NameRow]:
+        """Every concept and topic of the tenant, named and typed (see `seed_linking`)."""
+        (concepts,) = await self._read(_CONCEPT_NAMES, tenant=tenant)
+        (topics,) = await self._read(_TOPIC_NAMES, tenant=tenant)
+        return [NameRow(str(k), str(n), str(t or CONCEPT_TYPE)) for k, n, t in concepts["rows"]] + [
+            NameRow(str(k), str(n), TOPIC_TYPE) for k, n in topics["rows"]
+        ]
 
     async def read(self, query: str, **params: Any) -> list[neo4j.Record]:
         """Another read-only query (GDS procedures, see `pml_search.gds`)."""

@@ -71,6 +71,12 @@ def answer_proto(answer: Answer) -> knowledge_pb2.AskResponse:
                 sections=s.sections,
                 topic=s.topic,
                 subsumed=s.subsumed,
+                link=s.link,
+                link_score=s.link_score,
+                span=s.span,
+                entity_type=s.entity_type,
+                inside_entity=s.inside_entity,
+                common_word=s.common_word,
             )
             for s in answer.seeds
         ],

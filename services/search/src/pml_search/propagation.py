@@ -27,14 +27,17 @@ a scipy.sparse CSR matrix. The in-process graph is read once per tenant and kept
 `TenantCache` bounded by `CACHE_MAX_WEIGHT` (nodes plus edges over all tenants), dropped when the
 tenant's graph changes (`invalidate`, called from `knowledge_consumers` on the pass and deletion
 events) and read again on its next question; reading it costs one pass over the tenant's
-mentions, then a question costs a few sparse products.
+mentions, then a question costs a few sparse products. The index of the tenant's concept names
+that links a question to its seeds (`pml_search.seed_linking.NameIndex`) is kept and dropped
+the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 import structlog
@@ -43,6 +46,7 @@ from scipy import sparse
 from pml_common.tenant_cache import TenantCache
 from pml_search.evidence_plan import SUBSUMED_FACTOR, Seed
 from pml_search.knowledge_reads import GraphRows, KnowledgeReads
+from pml_search.seed_linking import NameIndex
 
 log = structlog.get_logger(__name__)
 
@@ -64,6 +68,10 @@ SAME_KEY = 1.0
 RELATION_SHARE = 1.0
 #: Nodes plus edges kept over all tenants (MuSiQue's 1,890 documents weigh about 10⁵).
 CACHE_MAX_WEIGHT = 2_000_000
+#: Names plus trigrams kept over all tenants for linking questions (MuSiQue: about 10⁶).
+NAMES_MAX_WEIGHT = 4_000_000
+
+V = TypeVar("V")
 
 
 @dataclass(frozen=True)
@@ -169,10 +177,12 @@ def _transitions(edges: _Edges, size: int) -> sparse.csr_array:
 
 
 def restart_weights(seeds: Iterable[Seed]) -> list[tuple[str, float]]:
-    """Each seed's share of the restarts, before normalisation (see the module doc)."""
+    """Each seed's share of the restarts, before normalisation (see the module doc), times
+    what its link kept of it (`Seed.factor`: a fuzzy link's score, a word inside a named
+    entity cut down)."""
     weighted = []
     for seed in seeds:
-        weight = 1.0 / max(1, seed.sections)
+        weight = seed.factor / max(1, seed.sections)
         if seed.subsumed:
             weight *= SUBSUMED_FACTOR
         if seed.topic:
@@ -227,30 +237,33 @@ def section_scores(
     return ranked, documents
 
 
-class Propagation:
-    """Each tenant's graph, read on its first question and kept until its graph changes."""
+class _TenantLoads(Generic[V]):
+    """Values read per tenant on first use, kept in a `TenantCache` until invalidated; one
+    load per tenant at a time (shared by concurrent questions), and a load that the tenant's
+    graph changed during is not kept (it may be stale)."""
 
-    def __init__(self, reads: KnowledgeReads, capacity: int = CACHE_MAX_WEIGHT) -> None:
-        self._reads = reads
-        self._graphs: TenantCache[str, PropagationGraph] = TenantCache(
-            "knowledge-propagation", capacity, weigh=lambda g: g.weight
-        )
-        # Loads under way (one per tenant, shared by concurrent questions), and the tenants
-        # whose graph changed during their load: that read may be stale and is not kept.
-        self._loading: dict[str, asyncio.Task[PropagationGraph]] = {}
+    def __init__(
+        self,
+        name: str,
+        capacity: int,
+        weigh: Callable[[V], int],
+        load: Callable[[str], Awaitable[V]],
+    ) -> None:
+        self._values: TenantCache[str, V] = TenantCache(name, capacity, weigh=weigh)
+        self._load = load
+        self._loading: dict[str, asyncio.Task[V]] = {}
         self._changed_while_loading: set[str] = set()
 
     def invalidate(self, tenant: str) -> None:
-        """The tenant's graph changed: read it again on its next question."""
-        self._graphs.pop(tenant)
+        self._values.pop(tenant)
         if tenant in self._loading:
             self._changed_while_loading.add(tenant)
 
     def cached(self, tenant: str) -> bool:
-        return tenant in self._graphs
+        return tenant in self._values
 
-    async def graph(self, tenant: str) -> PropagationGraph:
-        cached = self._graphs.get(tenant)
+    async def get(self, tenant: str) -> V:
+        cached = self._values.get(tenant)
         if cached is not None:
             return cached
         task = self._loading.get(tenant)
@@ -265,7 +278,45 @@ class Propagation:
         stale = tenant in self._changed_while_loading
         self._changed_while_loading.discard(tenant)
         if not stale and not task.cancelled() and task.exception() is None:
-            self._graphs.put(tenant, task.result())
+            self._values.put(tenant, task.result())
+
+
+class Propagation:
+    """Each tenant's graph, and the index of its concept names that links questions to it
+    (`pml_search.seed_linking`), each read on first use and kept until the graph changes."""
+
+    def __init__(self, reads: KnowledgeReads, capacity: int = CACHE_MAX_WEIGHT) -> None:
+        self._reads = reads
+        self._graphs = _TenantLoads(
+            "knowledge-propagation", capacity, lambda g: g.weight, self._load
+        )
+        self._names = _TenantLoads(
+            "knowledge-names", NAMES_MAX_WEIGHT, lambda n: n.weight, self._load_names
+        )
+
+    def invalidate(self, tenant: str) -> None:
+        """The tenant's graph changed: read it (and its names) again on next use."""
+        self._graphs.invalidate(tenant)
+        self._names.invalidate(tenant)
+
+    def cached(self, tenant: str) -> bool:
+        return self._graphs.cached(tenant)
+
+    def names_cached(self, tenant: str) -> bool:
+        return self._names.cached(tenant)
+
+    async def graph(self, tenant: str) -> PropagationGraph:
+        return await self._graphs.get(tenant)
+
+    async def names(self, tenant: str) -> NameIndex:
+        """The tenant's concept and topic names, indexed for linking a question."""
+        return await self._names.get(tenant)
+
+    async def _load_names(self, tenant: str) -> NameIndex:
+        rows = await self._reads.names(tenant)
+        index = await asyncio.to_thread(NameIndex, rows)
+        log.info("knowledge.names_indexed", tenant=tenant, names=len(index.keys))
+        return index
 
     async def _load(self, tenant: str) -> PropagationGraph:
         rows = await self._reads.graph(tenant)

@@ -1,0 +1,361 @@
+"""Linking a question to the tenant's concepts: its seeds, by key, alias and fuzzy name.
+
+Ingestion names a concept by `canonical_key(surface form)`; a question reaches it when some
+span of the question has that key (an `EXACT` link, what Ask always did). Questions word
+things otherwise than the text, so two more links are tried, against an index of the tenant's
+concept and topic names (`NameIndex`, built once per tenant and dropped with the propagation
+graph, `pml_search.propagation`):
+
+- `ALIAS`: the span's words, function words and all, are those of a concept's name. A title
+  made of function words loses them in its key ("It'll Be Me" has the key "ll", shared with
+  every "we'll"); its alias keeps them ("it ll be me"), and so does its spacing ("Spider-Man"
+  and "Spiderman" share the alias "spiderman" written without spaces). A title's alias also
+  drops its disambiguation: a question names "Frozen", whose article is "Frozen (2013 film)"
+  (HotpotQA's titles are such). A named span is linked to every key it names so, besides its
+  own key.
+- `FUZZY`: a named span of the question (a run of capitalised words, "Tikhaya Sosna") whose
+  key is no concept is compared with every concept name by the cosine of their character
+  trigrams weighted by inverse frequency (scipy.sparse, a few sparse rows per question); the
+  best names above `FUZZY_MIN` are linked at their score ("Tikhaya Sosna" → "tikhaya sosna
+  river", "Sathish Kalathil" → "sathish kalathi").
+
+Entity types come from spaCy: ingestion records each concept's NER label (PERSON, ORG,
+WORK_OF_ART...) and whether it is a heading (a topic). A named span of the question linked to
+such an entity is what the question is about; the single common words inside it ("pop" inside
+"Pop Idol", "station" inside "Bayswater Station") are linked too but marked `inside_entity`
+and weighted down by `INSIDE_ENTITY_FACTOR`, so that a word rare in the corpus does not pull
+the walk away from the entity around it. Likewise, in a question that names an entity, a
+single lower-case common noun ("what station", "the craft", "the pop band") is marked
+`common_word` and weighted down by `COMMON_WORD_FACTOR`: rare in a small corpus, it weighs like
+a name by its document frequency alone and pulls the walk to the sections that happen to use
+it. Each link says how it was made (`Link`), and Ask returns it with the seed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import sparse
+
+from pml_common.concepts import canonical_key, singular, words
+
+EXACT = "exact"
+ALIAS = "alias"
+FUZZY = "fuzzy"
+#: Entity type of a noun phrase and of a heading (the NER label otherwise).
+CONCEPT_TYPE = "CONCEPT"
+TOPIC_TYPE = "TOPIC"
+#: Longest question span looked up (ingestion keeps noun phrases of up to 6 words).
+MAX_SPAN_WORDS = 6
+#: Lowest trigram cosine of a fuzzy link, and fuzzy links kept per named span.
+FUZZY_MIN = 0.7
+FUZZY_PER_SPAN = 2
+#: Weight of a seed whose words lie inside a named entity the question was linked to, and of
+#: a single lower-case common noun of a question that names an entity.
+INSIDE_ENTITY_FACTOR = 0.25
+COMMON_WORD_FACTOR = 0.25
+#: Lower-case words that may join the capitalised words of a name ("Bank of England").
+NAME_CONNECTORS = frozenset(
+    {"of", "the", "and", "de", "la", "le", "du", "des", "von", "van", "der", "den", "di", "da"}
+    | {"del", "y", "for", "in", "on", "upon", "from", "to", "a", "an", "at", "with", "&"}
+)
+
+#: Connectors that join two names rather than words of one name.
+COORDINATORS = frozenset({"and", "or", "y", "et", "und"})
+# A title's disambiguation: "Frozen (2013 film)", "Richard Wright (author)".
+_DISAMBIGUATION = re.compile(r"\s*\([^()]*\)\s*$")
+# A word of the question with its inner apostrophes, hyphens and dots ("It'll", "U.S.").
+_TOKEN = re.compile(r"[^\W_]+(?:['’.\-][^\W_]+)*")
+
+
+@dataclass(frozen=True)
+class NameRow:
+    """A concept or topic of the tenant, as the index needs it."""
+
+    key: str
+    name: str
+    #: NER label from ingestion, `CONCEPT_TYPE` for a noun phrase, `TOPIC_TYPE` for a heading.
+    entity_type: str
+
+
+@dataclass(frozen=True)
+class Link:
+    """A concept key the question names, and how."""
+
+    key: str
+    how: str  # EXACT, ALIAS or FUZZY
+    score: float  # 1 for EXACT and ALIAS, the trigram cosine for FUZZY
+    span: str  # the question's words
+    start: int  # word offsets of the span in the question, end excluded
+    end: int
+    entity_type: str
+    inside_entity: bool = False
+    #: A single common word of the question beside the named entities it links.
+    common_word: bool = False
+
+    @property
+    def factor(self) -> float:
+        """How much of its specificity the seed keeps."""
+        return seed_factor(self.score, self.inside_entity, self.common_word)
+
+
+def seed_factor(score: float, inside_entity: bool, common_word: bool) -> float:
+    """A link's score, cut for a word inside a named entity or a common word beside one."""
+    factor = score * (INSIDE_ENTITY_FACTOR if inside_entity else 1.0)
+    return factor * (COMMON_WORD_FACTOR if common_word else 1.0)
+
+
+@dataclass(frozen=True)
+class _Token:
+    text: str
+    start: int
+    end: int
+
+
+def alias_of(text: str) -> str:
+    """Every word of `text`, function words included, folded and singular."""
+    return " ".join(singular(w) for w in words(text))
+
+
+def _trigrams(text: str) -> list[str]:
+    padded = f" {text} "
+    return [padded[i : i + 3] for i in range(len(padded) - 2)]
+
+
+def _is_entity(entity_type: str) -> bool:
+    return entity_type != CONCEPT_TYPE
+
+
+class NameIndex:
+    """One tenant's concept and topic names: keys, aliases and a trigram matrix."""
+
+    def __init__(self, rows: Iterable[NameRow]) -> None:
+        self.types: dict[str, str] = {}
+        names: dict[str, list[str]] = defaultdict(list)
+        for row in rows:
+            if not row.key:
+                continue
+            # A key that is both a concept and a topic keeps the concept's NER label.
+            if self.types.get(row.key, TOPIC_TYPE) == TOPIC_TYPE:
+                self.types[row.key] = row.entity_type
+            names[row.key].append(row.name)
+        self.keys = sorted(self.types)
+        #: alias form -> the keys whose names have it (a name can be ambiguous: "Frozen").
+        self.aliases: dict[str, list[str]] = defaultdict(list)
+        for key in self.keys:
+            for form in sorted({f for name in names[key] for f in _alias_forms(name)}):
+                self.aliases[form].append(key)
+        self._vocabulary: dict[str, int] = {}
+        self._idf = np.zeros(0, dtype=np.float32)
+        #: trigram -> the keys that hold it, by TF-IDF (each key's vector of unit length)
+        self._grams = sparse.csr_array(self._trigram_matrix().T)
+
+    @property
+    def weight(self) -> int:
+        """Its cost in a cache: names plus stored trigrams."""
+        return max(1, len(self.keys) + int(self._grams.nnz))
+
+    def _trigram_matrix(self) -> sparse.csr_array:
+        """Rows: keys; columns: trigrams; TF-IDF, each row of unit length."""
+        rows: list[int] = []
+        cols: list[int] = []
+        for row, key in enumerate(self.keys):
+            for gram in _trigrams(key):
+                rows.append(row)
+                cols.append(self._vocabulary.setdefault(gram, len(self._vocabulary)))
+        shape = (len(self.keys), len(self._vocabulary))
+        ones = np.ones(len(rows), dtype=np.float32)
+        counts = sparse.csr_array((ones, (rows, cols)), shape=shape)
+        counts.sum_duplicates()
+        df = np.bincount(counts.indices, minlength=shape[1]).astype(np.float32)
+        self._idf = np.log((1.0 + shape[0]) / (1.0 + df)).astype(np.float32) + 1.0
+        return _unit_rows(sparse.csr_array(counts @ sparse.diags_array(self._idf)))
+
+    def fuzzy(self, text: str, limit: int = FUZZY_PER_SPAN) -> list[tuple[str, float]]:
+        """The keys whose trigrams are nearest the canonical form of `text`, with their cosine
+        (at least `FUZZY_MIN`), best first."""
+        key = canonical_key(text)
+        grams = Counter(_trigrams(key)) if key else Counter()
+        known = {self._vocabulary[g]: n for g, n in grams.items() if g in self._vocabulary}
+        if not known:
+            return []
+        columns = np.fromiter(known, dtype=np.int64)
+        weights = np.fromiter(known.values(), dtype=np.float32) * self._idf[columns]
+        # Unit length over all its trigrams, known or not: unknown ones lower the cosine.
+        unseen = sum(n for g, n in grams.items() if g not in self._vocabulary)
+        norm = math.sqrt(float((weights**2).sum()) + unseen * float(self._idf.max()) ** 2)
+        query = sparse.csr_array(
+            (weights / norm, (np.zeros(len(columns), dtype=np.int64), columns)),
+            shape=(1, len(self._vocabulary)),
+        )
+        # Only the keys that share a trigram get a score: a sparse row over the keys.
+        scores = sparse.csr_array(query @ self._grams)
+        order = np.argsort(-scores.data, kind="stable")[:limit]
+        return [
+            (self.keys[int(scores.indices[i])], float(scores.data[i]))
+            for i in order
+            if scores.data[i] >= FUZZY_MIN
+        ]
+
+    def link(self, question: str) -> list[Link]:
+        """The question's links, one per key (its strongest), in question order."""
+        tokens = [_Token(m.group(), m.start(), m.end()) for m in _TOKEN.finditer(question)]
+        found: list[Link] = []
+        entities: list[tuple[int, int]] = []
+        for start, end in _named_spans(tokens):
+            for link in self._named(question, tokens, start, end):
+                found.append(link)
+                if _is_entity(link.entity_type):
+                    entities.append((link.start, link.end))
+        # Every span that neither starts nor ends with a function word, by its key (the
+        # n-grams of `ngram_keys`, with their place in the question).
+        keyed = [bool(canonical_key(t.text)) for t in tokens]
+        for start in range(len(tokens)):
+            for end in range(start + 1, min(len(tokens), start + MAX_SPAN_WORDS) + 1):
+                if not (keyed[start] and keyed[end - 1]):
+                    continue
+                text = _text(question, tokens, start, end)
+                key = canonical_key(text)
+                if key in self.types:
+                    found.append(Link(key, EXACT, 1.0, text, start, end, self.types[key]))
+        linked = _strongest(_mark_inside(found, entities))
+        return _mark_common(linked, tokens) if entities else linked
+
+    def _named(self, question: str, tokens: Sequence[_Token], start: int, end: int) -> list[Link]:
+        """The links of a named span: by its key or alias as a whole; else those of its parts
+        between connectors ("Christopher Nolan and Sathish Kalathil"); else fuzzy."""
+        text = _text(question, tokens, start, end)
+        key = canonical_key(text)
+        whole = (
+            [Link(key, EXACT, 1.0, text, start, end, self.types[key])] if key in self.types else []
+        )
+        targets = {t for form in _alias_forms(text) for t in self.aliases.get(form, ())}
+        whole += [
+            Link(t, ALIAS, 1.0, text, start, end, self.types[t]) for t in sorted(targets - {key})
+        ]
+        if whole:
+            return whole
+        parts = _parts(tokens, start, end)
+        if len(parts) > 1:
+            return [link for s, e in parts for link in self._named(question, tokens, s, e)]
+        return [
+            Link(key, FUZZY, round(score, 4), text, start, end, self.types[key])
+            for key, score in self.fuzzy(text)
+        ]
+
+
+def _text(question: str, tokens: Sequence[_Token], start: int, end: int) -> str:
+    return question[tokens[start].start : tokens[end - 1].end]
+
+
+def _parts(tokens: Sequence[_Token], start: int, end: int) -> list[tuple[int, int]]:
+    """A named span cut at its coordinating words: "Christopher Nolan and Sathish Kalathil"."""
+    parts, first = [], start
+    for i in range(start, end):
+        if tokens[i].text.lower() in COORDINATORS:
+            if i > first:
+                parts.append((first, i))
+            first = i + 1
+    if end > first:
+        parts.append((first, end))
+    return parts
+
+
+def _alias_forms(name: str) -> list[str]:
+    """A name's words with function words ("it ll be me"), the same without spaces, and both
+    without a trailing disambiguation in brackets ("Frozen (2013 film)" is also "frozen")."""
+    forms = []
+    for text in (name, _DISAMBIGUATION.sub("", name)):
+        spaced = alias_of(text)
+        if spaced:
+            forms += [spaced, spaced.replace(" ", "")]
+    return list(dict.fromkeys(forms))
+
+
+def _unit_rows(matrix: sparse.csr_array) -> sparse.csr_array:
+    norms = np.sqrt(np.asarray((matrix**2).sum(axis=1)).ravel())
+    scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
+    return sparse.csr_array(sparse.diags_array(scale) @ matrix).astype(np.float32)
+
+
+def _capitalised(token: _Token) -> bool:
+    return token.text[0].isupper()
+
+
+def _named_spans(tokens: Sequence[_Token]) -> list[tuple[int, int]]:
+    """Runs of capitalised words (with connectors and numbers between them), each as word
+    offsets: the names a question writes ("Haymo of Faversham", "It'll Be Me", "Apollo 11").
+    A run does not start on a function word ("Who", "The"), as a question's first word is
+    capitalised whatever it is."""
+    spans = []
+    i = 0
+    while i < len(tokens):
+        if not _capitalised(tokens[i]) or not canonical_key(tokens[i].text):
+            i += 1
+            continue
+        end = i + 1
+        while end < len(tokens):
+            token = tokens[end]
+            if _capitalised(token) or token.text.isdigit():
+                end += 1
+                continue
+            # connectors ("of", "from the") count when a capitalised word follows them
+            after = end
+            while after < len(tokens) and tokens[after].text.lower() in NAME_CONNECTORS:
+                after += 1
+            if after == end or after == len(tokens) or not _capitalised(tokens[after]):
+                break
+            end = after + 1
+        spans.append((i, end))
+        i = end
+    return spans
+
+
+def _mark_inside(links: Sequence[Link], entities: Sequence[tuple[int, int]]) -> list[Link]:
+    """Links whose span lies strictly inside an entity span are marked `inside_entity`."""
+    marked = []
+    for link in links:
+        inside = any(
+            s <= link.start and link.end <= e and (link.start, link.end) != (s, e)
+            for s, e in entities
+        )
+        if inside and link.key not in {k.key for k in links if (k.start, k.end) in entities}:
+            link = Link(**{**link.__dict__, "inside_entity": True})
+        marked.append(link)
+    return marked
+
+
+def _mark_common(links: Sequence[Link], tokens: Sequence[_Token]) -> list[Link]:
+    """In a question that names an entity, its single lower-case words linked by key
+    ("station", "craft", "pop" in "the pop band founded by one of the stars of Aisa Yeh
+    Jahaan") are marked `common_word`: rare in a small corpus, they would otherwise weigh like
+    names. The question's casing decides, not the concept's NER label: ingestion keeps the
+    label a key was first seen with, and "stars" or "games" can carry ORG or WORK_OF_ART."""
+    return [
+        Link(**{**link.__dict__, "common_word": True})
+        if link.how == EXACT
+        and link.end - link.start == 1
+        and " " not in link.key
+        and not _capitalised(tokens[link.start])
+        else link
+        for link in links
+    ]
+
+
+def _strongest(links: Sequence[Link]) -> list[Link]:
+    """One link per key: the one that keeps most of the seed (then the longest span); a key
+    named both inside an entity and on its own keeps the link on its own."""
+    best: dict[str, Link] = {}
+    for link in links:
+        kept = best.get(link.key)
+        if kept is None or (link.factor, link.end - link.start) > (
+            kept.factor,
+            kept.end - kept.start,
+        ):
+            best[link.key] = link
+    return sorted(best.values(), key=lambda x: (x.start, -x.end, x.key))
