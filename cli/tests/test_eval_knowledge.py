@@ -12,15 +12,19 @@ import pytest
 import redis
 from rich.console import Console
 
+from pml.v1 import knowledge_pb2
 from pml_cli.eval_knowledge import (
     CHUNK_GROUP,
     EvalError,
+    KnowledgeQuestion,
     _chunk_backlog,
     corpus_tenant,
     load_corpus,
     load_questions,
     methods_of,
+    query_record,
     wait_chunks_indexed,
+    write_per_query,
 )
 from pml_cli.metrics import KnowledgeMetrics
 from pml_common.settings import Settings
@@ -45,6 +49,32 @@ def test_metrics_follow_the_data_readme() -> None:
         "all_evidence@8": 0.0,
         "questions": 0,
     }
+
+
+def test_per_query_records_say_where_each_supporting_document_ranks_and_why(
+    tmp_path: Path,
+) -> None:
+    reply = knowledge_pb2.AskResponse(
+        chunks=[knowledge_pb2.EvidenceChunk(document_id=d) for d in ("x", "a", "x", "y")],
+        seeds=[
+            knowledge_pb2.SeedConcept(
+                key="tikhaya sosna river",
+                link="fuzzy",
+                link_score=0.92,
+                span="Tikhaya Sosna",
+                entity_type="LOC",
+            )
+        ],
+    )
+    question = KnowledgeQuestion(id="q1", question="Where?", supporting=["a", "b"])
+    record = query_record("graph-ppr", question, reply)
+    assert record["ranks"] == {"a": 2, "b": None} and record["ranked"] == ["x", "a", "y"]
+    (seed,) = record["seeds"]
+    assert seed["link"] == "fuzzy" and seed["span"] == "Tikhaya Sosna"
+    assert seed["link_score"] == pytest.approx(0.92) and seed["entity_type"] == "LOC"
+    path = tmp_path / "per-query.jsonl"
+    write_per_query(path, [{**record, "id": "q2"}, record])
+    assert [json.loads(line)["id"] for line in path.read_text().splitlines()] == ["q1", "q2"]
 
 
 def test_data_files_are_read_and_checked(tmp_path: Path) -> None:

@@ -19,7 +19,10 @@ The ranked documents of a question are the documents of the returned evidence ch
 order, without repeats. Metrics, exactly as the data README defines them: recall@k = mean over
 questions of |supporting ∩ top-k documents| / |supporting| (k = 2, 5); all_evidence@8 = share
 of questions whose every supporting document is in the top 8. Several methods can be given
-(`vector,graph-first,graph-ppr`): they are asked in turn on the same ingestion.
+(`vector,graph-first,graph-ppr`): they are asked in turn on the same ingestion. With a
+`per_query` file, each answer is also written there as a JSON line (the question, its
+supporting documents, the ranked documents and the seeds with how each was linked), to read
+why a question missed.
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.progress import Progress
 
+from pml.v1 import knowledge_pb2
 from pml_cli import ingest_client
 from pml_cli.ask_client import ASK_METHODS, ask, knowledge_stub, mode_name, ranked_documents
 from pml_cli.eval_tools import EvalError
@@ -178,14 +183,18 @@ def ask_all(
     method: str,
     questions: Sequence[KnowledgeQuestion],
     console: Console,
+    per_query: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Every question through Ask with `method`; the metrics and the answer modes."""
+    """Every question through Ask with `method`; the metrics and the answer modes (and each
+    answer appended to `per_query` when given)."""
     stub = knowledge_stub(settings)
     metrics = KnowledgeMetrics()
     modes: Counter[str] = Counter()
 
     def one(question: KnowledgeQuestion) -> tuple[list[str], str]:
         reply = ask(stub, tenant, question.question, ASK_K, method)
+        if per_query is not None:
+            per_query.append(query_record(method, question, reply))
         return ranked_documents(reply), mode_name(reply)
 
     with (
@@ -200,12 +209,36 @@ def ask_all(
     return {"method": method, **metrics.result(), "modes": dict(sorted(modes.items()))}
 
 
+def query_record(
+    method: str, question: KnowledgeQuestion, reply: knowledge_pb2.AskResponse
+) -> dict[str, Any]:
+    """One answer for `--per-query`: where each supporting document ranks (None: not
+    returned) and the seeds as Ask explained them."""
+    ranked = ranked_documents(reply)
+    return {
+        "method": method,
+        "id": question.id,
+        "question": question.question,
+        "supporting": question.supporting,
+        "ranks": {d: ranked.index(d) + 1 if d in ranked else None for d in question.supporting},
+        "ranked": ranked[:10],
+        "mode": mode_name(reply),
+        "seeds": [MessageToDict(s, preserving_proto_field_name=True) for s in reply.seeds],
+    }
+
+
+def write_per_query(path: Path, records: Sequence[dict[str, Any]]) -> None:
+    order = sorted(records, key=lambda r: (r["method"], r["id"]))
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in order))
+
+
 def evaluate_knowledge(
     settings: Settings,
     data: Path,
     method: str,
     max_questions: int | None,
     console: Console,
+    per_query: Path | None = None,
 ) -> dict[str, Any]:
     methods = methods_of(method)
     questions = load_questions(data / "questions.jsonl", max_questions)
@@ -214,7 +247,10 @@ def evaluate_knowledge(
     started = time.perf_counter()
     with running_system(settings, console, KNOWLEDGE_SERVICES) as live:
         ingestion = ingest_corpus(live, tenant, docs, console)
-        results = [ask_all(live, tenant, m, questions, console) for m in methods]
+        records: list[dict[str, Any]] | None = [] if per_query is not None else None
+        results = [ask_all(live, tenant, m, questions, console, records) for m in methods]
+    if per_query is not None and records is not None:
+        write_per_query(per_query, records)
     common = {"tenant": tenant, **ingestion, "seconds": round(time.perf_counter() - started, 1)}
     if len(results) == 1:
         return {**results[0], **common}

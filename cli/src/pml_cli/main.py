@@ -478,13 +478,20 @@ def eval_knowledge(
     ] = "graph-first",
     max_questions: Annotated[int | None, typer.Option(help="Evaluate the first N only.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    per_query: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write each answer as a JSON line to this file: the supporting "
+            "documents' ranks and the seeds with how each was linked."
+        ),
+    ] = None,
 ) -> None:
     """Ingest DATA's corpus through the pipeline, ask every question: recall@2/@5,
     all_evidence@8."""
     from pml_cli.eval_knowledge import evaluate_knowledge
 
     with _reported():
-        result = evaluate_knowledge(Settings(), data, method, max_questions, err)
+        result = evaluate_knowledge(Settings(), data, method, max_questions, err, per_query)
     _emit(result, as_json)
 
 
