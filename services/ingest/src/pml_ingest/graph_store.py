@@ -51,23 +51,26 @@ class Candidate:
 
 # --- document and sections ------------------------------------------------------------------
 
-_DOCUMENT_STATE = """
-MATCH (d:Document {tenant_id: $tenant, document_id: $doc})
-RETURN d.content_hash AS content_hash, d.completed_hash AS completed_hash, d.language AS language
+_DOCUMENT_STATES = """
+UNWIND $docs AS doc
+MATCH (d:Document {tenant_id: $tenant, document_id: doc})
+RETURN doc, d.content_hash AS content_hash, d.completed_hash AS completed_hash,
+       d.language AS language
 """
 
-_UPSERT_DOCUMENT = """
-MERGE (d:Document {tenant_id: $tenant, document_id: $doc})
+_UPSERT_DOCUMENTS = """
+UNWIND $docs AS x
+MERGE (d:Document {tenant_id: $tenant, document_id: x.document_id})
 ON CREATE SET d.submitted_at = $at
-SET d:DocumentContext:ContextNode, d.title = $title, d.format = $format,
-    d.language = $language, d.section_count = $section_count, d.updated_at = $at
+SET d:DocumentContext:ContextNode, d.title = x.title, d.format = x.format,
+    d.language = x.language, d.section_count = x.section_count, d.updated_at = $at
 """
 
 _WRITE_SECTIONS = """
-MATCH (d:Document {tenant_id: $tenant, document_id: $doc})
 UNWIND $sections AS s
+MATCH (d:Document {tenant_id: $tenant, document_id: s.document_id})
 MERGE (n:SectionContext {tenant_id: $tenant, context_id: s.context_id})
-SET n:ContextNode, n.document_id = $doc, n.section_path = s.section_path,
+SET n:ContextNode, n.document_id = s.document_id, n.section_path = s.section_path,
     n.heading = s.heading, n.level = s.level, n.ordinal = s.ordinal, n.text = s.text,
     n.char_start = s.char_start, n.char_end = s.char_end, n.chunk_ids = s.chunk_ids,
     n.trail = s.trail, n.topic_ids = coalesce(n.topic_ids, [])
@@ -76,25 +79,29 @@ SET r.tenant_id = $tenant
 """
 
 _STALE_SECTIONS = """
-MATCH (n:SectionContext {tenant_id: $tenant, document_id: $doc})
-WHERE NOT n.context_id IN $keep
+UNWIND $docs AS x
+MATCH (n:SectionContext {tenant_id: $tenant, document_id: x.document_id})
+WHERE NOT n.context_id IN x.keep
 DETACH DELETE n
 """
 
 _MARK_CHUNKED = """
-MATCH (d:Document {tenant_id: $tenant, document_id: $doc})
-SET d.content_hash = $hash, d.completed_hash = null
+UNWIND $docs AS x
+MATCH (d:Document {tenant_id: $tenant, document_id: x.doc})
+SET d.content_hash = x.hash, d.completed_hash = null
 """
 
 _MARK_COMPLETED = """
-MATCH (d:Document {tenant_id: $tenant, document_id: $doc})
-WHERE d.content_hash = $hash
-SET d.completed_hash = $hash
+UNWIND $docs AS x
+MATCH (d:Document {tenant_id: $tenant, document_id: x.doc})
+WHERE d.content_hash = x.hash
+SET d.completed_hash = x.hash
 """
 
 _SECTIONS = """
-MATCH (n:SectionContext {tenant_id: $tenant, document_id: $doc})
-RETURN n.context_id AS context_id, n.section_path AS section_path, n.trail AS trail,
+UNWIND $docs AS doc
+MATCH (n:SectionContext {tenant_id: $tenant, document_id: doc})
+RETURN doc, n.context_id AS context_id, n.section_path AS section_path, n.trail AS trail,
        n.text AS text
 ORDER BY n.ordinal
 """
@@ -142,17 +149,21 @@ SET r.evidence_context_ids = ctx, r.evidence_ids = ctx, r.evidence_quotes = q,
 """
 )
 
+# Each COVERS once, whichever of the documents reach it: what they gave goes in one SET.
 _DROP_DOCUMENT_COVERS = """
-MATCH (:Document {tenant_id: $tenant, document_id: $doc})-[:HAS_TOPIC]->(t:Topic)
+UNWIND $docs AS doc
+MATCH (:Document {tenant_id: $tenant, document_id: doc})-[:HAS_TOPIC]->(t:Topic)
       -[c:COVERS]->(:CanonicalConcept)
-WHERE $doc IN c.document_ids
-SET c.document_ids = [x IN c.document_ids WHERE x <> $doc]
+WHERE doc IN c.document_ids
+WITH DISTINCT c
+SET c.document_ids = [x IN c.document_ids WHERE NOT x IN $docs]
 WITH c WHERE size(c.document_ids) = 0
 DELETE c
 """
 
 _DROP_HAS_TOPIC = """
-MATCH (:Document {tenant_id: $tenant, document_id: $doc})-[h:HAS_TOPIC]->(t:Topic)
+UNWIND $docs AS doc
+MATCH (:Document {tenant_id: $tenant, document_id: doc})-[h:HAS_TOPIC]->(t:Topic)
 WITH h, t.topic_id AS topic_id
 DELETE h
 RETURN collect(topic_id) AS topic_ids
@@ -176,7 +187,8 @@ DETACH DELETE n
 """
 
 _DROP_MENTIONS = """
-MATCH (:SectionContext {tenant_id: $tenant, document_id: $doc})<-[m:MENTIONED_IN]-(c)
+UNWIND $docs AS doc
+MATCH (:SectionContext {tenant_id: $tenant, document_id: doc})<-[m:MENTIONED_IN]-(c)
 WITH m, c.canonical_name AS key
 DELETE m
 RETURN collect(DISTINCT key) AS keys
@@ -208,32 +220,35 @@ _DELETE_TENANT = tuple(
 
 # --- pass 1 ---------------------------------------------------------------------------------
 
+# Rows in document order: a concept first met in the batch takes the name the first document
+# gives it, as when the documents come one after the other.
 _WRITE_MENTIONS = """
 UNWIND $rows AS m
 MATCH (s:SectionContext {tenant_id: $tenant, context_id: m.context_id})
 MERGE (c:CanonicalConcept {tenant_id: $tenant, canonical_name: m.key})
 ON CREATE SET c.name = m.name, c.concept_type = m.concept_type, c.entity_label = m.entity_label,
-              c.languages = [$language], c.created_at = $at
-SET c.languages = CASE WHEN $language IN c.languages THEN c.languages
-                       ELSE c.languages + $language END,
+              c.languages = [m.language], c.created_at = $at
+SET c.languages = CASE WHEN m.language IN c.languages THEN c.languages
+                       ELSE c.languages + m.language END,
     c.concept_type = CASE WHEN m.concept_type = 'ENTITY' THEN 'ENTITY' ELSE c.concept_type END,
     c.entity_label = CASE WHEN coalesce(c.entity_label, '') = '' THEN m.entity_label
                           ELSE c.entity_label END
 MERGE (c)-[r:MENTIONED_IN]->(s)
-SET r.tenant_id = $tenant, r.document_id = $doc, r.salience = m.salience,
+SET r.tenant_id = $tenant, r.document_id = m.document_id, r.salience = m.salience,
     r.positions = m.positions, r.count = m.count
 """
 
-_MENTIONS_OF_DOCUMENT = """
-MATCH (s:SectionContext {tenant_id: $tenant, document_id: $doc})<-[m:MENTIONED_IN]-(c)
+_MENTIONS_OF_DOCUMENTS = """
+UNWIND $docs AS doc
+MATCH (s:SectionContext {tenant_id: $tenant, document_id: doc})<-[m:MENTIONED_IN]-(c)
 RETURN s.context_id AS context_id, c.canonical_name AS key, m.salience AS salience
 """
 
 # --- pass 2a --------------------------------------------------------------------------------
 
 _WRITE_TOPICS = """
-MATCH (d:Document {tenant_id: $tenant, document_id: $doc})
 UNWIND $topics AS x
+MATCH (d:Document {tenant_id: $tenant, document_id: x.document_id})
 MERGE (t:Topic {tenant_id: $tenant, topic_id: x.topic_id})
 ON CREATE SET t.name = x.name, t.concept_type = 'TOPIC', t.created_at = $at
 MERGE (d)-[h:HAS_TOPIC]->(t)
@@ -253,16 +268,17 @@ MATCH (c:CanonicalConcept {tenant_id: $tenant, canonical_name: x.key})
 MERGE (t)-[r:COVERS]->(c)
 ON CREATE SET r.document_ids = [], r.confidence = x.confidence
 SET r.tenant_id = $tenant,
-    r.document_ids = CASE WHEN $doc IN r.document_ids THEN r.document_ids
-                          ELSE r.document_ids + $doc END,
+    r.document_ids = CASE WHEN x.document_id IN r.document_ids THEN r.document_ids
+                          ELSE r.document_ids + x.document_id END,
     r.confidence = CASE WHEN x.confidence > r.confidence THEN x.confidence
                         ELSE r.confidence END
 """
 
 # --- pass 2b --------------------------------------------------------------------------------
 
-_CONCEPTS_OF_DOCUMENT = """
-MATCH (:SectionContext {tenant_id: $tenant, document_id: $doc})<-[:MENTIONED_IN]-
+_CONCEPTS_OF_DOCUMENTS = """
+UNWIND $docs AS doc
+MATCH (:SectionContext {tenant_id: $tenant, document_id: doc})<-[:MENTIONED_IN]-
       (c:CanonicalConcept)
 RETURN DISTINCT c.canonical_name AS key, coalesce(c.entity_label, '') AS entity_label
 """
@@ -275,20 +291,26 @@ SET c.fine_type = x.fine_type
 
 # --- pass 3 ---------------------------------------------------------------------------------
 
+# Each document's candidates alone (its own order and limit), all documents in one query.
 _CANDIDATES = """
-MATCH (:SectionContext {tenant_id: $tenant, document_id: $doc})<-[:MENTIONED_IN]-
-      (a:CanonicalConcept)
-WITH DISTINCT a
-MATCH (a)-[:MENTIONED_IN]->(t:SectionContext)<-[:MENTIONED_IN]-(b:CanonicalConcept)
-WHERE b <> a
-WITH a, b, collect(t) AS shared
-WHERE size(shared) >= $min_sections AND any(x IN shared WHERE x.document_id = $doc)
-RETURN a.canonical_name AS a_key, a.name AS a_name, b.canonical_name AS b_key,
-       b.name AS b_name, size(shared) AS n,
-       [x IN shared | {context_id: x.context_id, document_id: x.document_id,
-                       section_path: x.section_path, text: x.text}][0..$max_sections] AS sections
-ORDER BY n DESC, a_key, b_key
-LIMIT $limit
+UNWIND $docs AS doc
+CALL (doc) {
+  MATCH (:SectionContext {tenant_id: $tenant, document_id: doc})<-[:MENTIONED_IN]-
+        (a:CanonicalConcept)
+  WITH DISTINCT a
+  MATCH (a)-[:MENTIONED_IN]->(t:SectionContext)<-[:MENTIONED_IN]-(b:CanonicalConcept)
+  WHERE b <> a
+  WITH a, b, collect(t) AS shared
+  WHERE size(shared) >= $min_sections AND any(x IN shared WHERE x.document_id = doc)
+  RETURN a.canonical_name AS a_key, a.name AS a_name, b.canonical_name AS b_key,
+         b.name AS b_name, size(shared) AS n,
+         [x IN shared | {context_id: x.context_id, document_id: x.document_id,
+                         section_path: x.section_path, text: x.text}][0..$max_sections]
+           AS sections
+  ORDER BY n DESC, a_key, b_key
+  LIMIT $limit
+}
+RETURN doc, a_key, a_name, b_key, b_name, n, sections
 """
 
 _DROP_PAIR_RELATIONS = """
@@ -327,73 +349,61 @@ class GraphStore:
     # --- documents ------------------------------------------------------------------------
 
     async def document_state(self, tenant: str, doc: str) -> DocumentState | None:
-        records = await self._read(_DOCUMENT_STATE, tenant=tenant, doc=doc)
-        if not records:
-            return None
-        r = records[0]
-        return DocumentState(r["content_hash"], r["completed_hash"], r["language"])
+        return (await self.document_states(tenant, [doc])).get(doc)
 
-    async def upsert_document(
-        self, tenant: str, doc: str, title: str, fmt: str, language: str, section_count: int
-    ) -> None:
-        await self._run(
-            _UPSERT_DOCUMENT,
-            tenant=tenant,
-            doc=doc,
-            title=title,
-            format=fmt,
-            language=language,
-            section_count=section_count,
-            at=utcnow(),
-        )
+    async def document_states(self, tenant: str, docs: Sequence[str]) -> dict[str, DocumentState]:
+        """The state of each of `docs` that exists, in one read."""
+        records = await self._read(_DOCUMENT_STATES, tenant=tenant, docs=list(docs))
+        return {
+            r["doc"]: DocumentState(r["content_hash"], r["completed_hash"], r["language"])
+            for r in records
+        }
 
-    async def write_document(
-        self,
-        tenant: str,
-        doc: str,
-        title: str,
-        fmt: str,
-        language: str,
-        rows: Sequence[dict[str, Any]],
+    async def upsert_documents(self, tenant: str, docs: Sequence[dict[str, Any]]) -> None:
+        """Document nodes: rows of `document_id`, `title`, `format`, `language`,
+        `section_count`."""
+        await self._run(_UPSERT_DOCUMENTS, tenant=tenant, docs=list(docs), at=utcnow())
+
+    async def write_documents(
+        self, tenant: str, docs: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]
     ) -> None:
-        """The Document node and all its sections (stale ones dropped) in one transaction:
-        for a document of ordinary size, instead of the batched steps below."""
+        """Document nodes (`upsert_documents` rows) and all their sections (`rows`, each naming
+        its `document_id`; stale ones dropped) in one transaction: for documents of ordinary
+        size, instead of the batched steps below."""
 
         async def work(tx: neo4j.AsyncManagedTransaction) -> None:
-            params = {"tenant": tenant, "doc": doc}
-            await _consume(
-                tx,
-                _UPSERT_DOCUMENT,
-                **params,
-                title=title,
-                format=fmt,
-                language=language,
-                section_count=len(rows),
-                at=utcnow(),
-            )
-            await _consume(tx, _WRITE_SECTIONS, **params, sections=list(rows))
-            await _consume(tx, _STALE_SECTIONS, **params, keep=[r["context_id"] for r in rows])
+            await _consume(tx, _UPSERT_DOCUMENTS, tenant=tenant, docs=list(docs), at=utcnow())
+            await _consume(tx, _WRITE_SECTIONS, tenant=tenant, sections=list(rows))
+            await _consume(tx, _STALE_SECTIONS, tenant=tenant, docs=_kept(docs, rows))
 
         await self._write(work)
 
-    async def write_sections(self, tenant: str, doc: str, rows: Sequence[dict[str, Any]]) -> None:
-        await self._run(_WRITE_SECTIONS, tenant=tenant, doc=doc, sections=list(rows))
+    async def write_sections(self, tenant: str, rows: Sequence[dict[str, Any]]) -> None:
+        await self._run(_WRITE_SECTIONS, tenant=tenant, sections=list(rows))
 
     async def drop_stale_sections(self, tenant: str, doc: str, keep: Sequence[str]) -> None:
-        await self._run(_STALE_SECTIONS, tenant=tenant, doc=doc, keep=list(keep))
+        docs = [{"document_id": doc, "keep": list(keep)}]
+        await self._run(_STALE_SECTIONS, tenant=tenant, docs=docs)
 
-    async def mark_chunked(self, tenant: str, doc: str, content_hash: str) -> None:
-        await self._run(_MARK_CHUNKED, tenant=tenant, doc=doc, hash=content_hash)
+    async def mark_chunked(self, tenant: str, hashes: Sequence[tuple[str, str]]) -> None:
+        """Each (document, content hash): the content the later passes work on."""
+        rows = [{"doc": doc, "hash": content_hash} for doc, content_hash in hashes]
+        await self._run(_MARK_CHUNKED, tenant=tenant, docs=rows)
 
-    async def mark_completed(self, tenant: str, doc: str, content_hash: str) -> None:
-        await self._run(_MARK_COMPLETED, tenant=tenant, doc=doc, hash=content_hash)
+    async def mark_completed(self, tenant: str, hashes: Sequence[tuple[str, str]]) -> None:
+        """Each (document, content hash) completed, if that is still the document's content."""
+        rows = [{"doc": doc, "hash": content_hash} for doc, content_hash in hashes]
+        await self._run(_MARK_COMPLETED, tenant=tenant, docs=rows)
 
-    async def sections(self, tenant: str, doc: str) -> list[StoredSection]:
-        records = await self._read(_SECTIONS, tenant=tenant, doc=doc)
-        return [
-            StoredSection(r["context_id"], r["section_path"], tuple(r["trail"] or ()), r["text"])
-            for r in records
-        ]
+    async def sections(self, tenant: str, docs: Sequence[str]) -> dict[str, list[StoredSection]]:
+        """The sections of each of `docs`, in document order, in one read."""
+        found: dict[str, list[StoredSection]] = {doc: [] for doc in docs}
+        for r in await self._read(_SECTIONS, tenant=tenant, docs=list(docs)):
+            trail = tuple(r["trail"] or ())
+            found[r["doc"]].append(
+                StoredSection(r["context_id"], r["section_path"], trail, r["text"])
+            )
+        return found
 
     async def remove_document(self, tenant: str, doc: str, *, keep_document: bool) -> None:
         """Remove what the document contributed (sections, mentions, topics, evidence) and
@@ -412,8 +422,8 @@ class GraphStore:
             }
             await _consume(tx, _DROP_UNSUPPORTED, **params, **policy)
             await _consume(tx, _PRUNE_EVIDENCE, **params, **policy)
-            await _consume(tx, _DROP_DOCUMENT_COVERS, **params)
-            await _consume(tx, _DROP_HAS_TOPIC, **params)
+            await _consume(tx, _DROP_DOCUMENT_COVERS, tenant=tenant, docs=[doc])
+            await _consume(tx, _DROP_HAS_TOPIC, tenant=tenant, docs=[doc])
             await _consume(tx, _DROP_SECTIONS, **params)
             if not keep_document:
                 await _consume(tx, _DROP_DOCUMENT, **params)
@@ -433,42 +443,31 @@ class GraphStore:
 
     # --- pass 1 ---------------------------------------------------------------------------
 
-    async def drop_mentions(self, tenant: str, doc: str) -> list[str]:
-        """Delete the document's mentions; returns the keys of the concepts they named."""
+    async def drop_mentions(self, tenant: str, docs: Sequence[str]) -> list[str]:
+        """Delete the documents' mentions; returns the keys of the concepts they named."""
         records, _, _ = await self._driver.execute_query(
-            _DROP_MENTIONS, {"tenant": tenant, "doc": doc}, database_=self._database
+            _DROP_MENTIONS, {"tenant": tenant, "docs": list(docs)}, database_=self._database
         )
         return list(records[0]["keys"]) if records else []
 
     async def replace_mentions(
-        self, tenant: str, doc: str, language: str, rows: Sequence[dict[str, Any]]
+        self, tenant: str, docs: Sequence[str], rows: Sequence[dict[str, Any]]
     ) -> None:
-        """The document's mentions replaced by `rows` and the concepts only the old ones named
-        swept, in one transaction: for a document of ordinary size, instead of
-        `drop_mentions` + batches of `write_mentions` + `sweep_concepts`."""
+        """The documents' mentions replaced by `rows` (each with its `document_id` and
+        `language`, in document order) and the concepts only the old ones named swept, in one
+        transaction: for documents of ordinary size, instead of `drop_mentions` + batches of
+        `write_mentions` + `sweep_concepts`."""
 
         async def work(tx: neo4j.AsyncManagedTransaction) -> None:
-            result = await tx.run(_DROP_MENTIONS, tenant=tenant, doc=doc)
+            result = await tx.run(_DROP_MENTIONS, tenant=tenant, docs=list(docs))
             previous = (await result.single(strict=True))["keys"]
-            await _consume(
-                tx,
-                _WRITE_MENTIONS,
-                tenant=tenant,
-                doc=doc,
-                language=language,
-                rows=list(rows),
-                at=utcnow(),
-            )
+            await _consume(tx, _WRITE_MENTIONS, tenant=tenant, rows=list(rows), at=utcnow())
             await _consume(tx, _SWEEP_NAMED_CONCEPTS, tenant=tenant, keys=previous)
 
         await self._write(work)
 
-    async def write_mentions(
-        self, tenant: str, doc: str, language: str, rows: Sequence[dict[str, Any]]
-    ) -> None:
-        await self._run(
-            _WRITE_MENTIONS, tenant=tenant, doc=doc, language=language, rows=list(rows), at=utcnow()
-        )
+    async def write_mentions(self, tenant: str, rows: Sequence[dict[str, Any]]) -> None:
+        await self._run(_WRITE_MENTIONS, tenant=tenant, rows=list(rows), at=utcnow())
 
     async def sweep_concepts(self, tenant: str, keys: Sequence[str] | None = None) -> None:
         """Delete concepts no section mentions: those named by `keys`, or all of the tenant's
@@ -478,10 +477,13 @@ class GraphStore:
         else:
             await self._run(_SWEEP_NAMED_CONCEPTS, tenant=tenant, keys=list(keys))
 
-    async def mentions(self, tenant: str, doc: str) -> dict[str, list[tuple[str, float]]]:
-        """Context id → (concept key, salience) of the document's mentions."""
+    async def mentions(
+        self, tenant: str, docs: Sequence[str]
+    ) -> dict[str, list[tuple[str, float]]]:
+        """Context id → (concept key, salience) of the documents' mentions (context ids name
+        their document)."""
         by_section: dict[str, list[tuple[str, float]]] = {}
-        for r in await self._read(_MENTIONS_OF_DOCUMENT, tenant=tenant, doc=doc):
+        for r in await self._read(_MENTIONS_OF_DOCUMENTS, tenant=tenant, docs=list(docs)):
             by_section.setdefault(r["context_id"], []).append((r["key"], float(r["salience"])))
         return by_section
 
@@ -490,33 +492,34 @@ class GraphStore:
     async def replace_topics(
         self,
         tenant: str,
-        doc: str,
+        docs: Sequence[str],
         topics: Sequence[dict[str, Any]],
         sections: Sequence[dict[str, Any]],
         covers: Sequence[dict[str, Any]],
     ) -> None:
-        """The document's HAS_TOPIC and COVERS contributions, replaced in one transaction."""
+        """The documents' HAS_TOPIC and COVERS contributions, replaced in one transaction;
+        `topics` and `covers` rows name their `document_id`, in document order."""
 
         async def work(tx: neo4j.AsyncManagedTransaction) -> None:
             at = utcnow()
-            await _consume(tx, _DROP_DOCUMENT_COVERS, tenant=tenant, doc=doc)
-            result = await tx.run(_DROP_HAS_TOPIC, tenant=tenant, doc=doc)
+            await _consume(tx, _DROP_DOCUMENT_COVERS, tenant=tenant, docs=list(docs))
+            result = await tx.run(_DROP_HAS_TOPIC, tenant=tenant, docs=list(docs))
             previous = (await result.single(strict=True))["topic_ids"]
-            await _consume(tx, _WRITE_TOPICS, tenant=tenant, doc=doc, topics=list(topics), at=at)
+            await _consume(tx, _WRITE_TOPICS, tenant=tenant, topics=list(topics), at=at)
             await _consume(tx, _ATTACH_SECTIONS, tenant=tenant, sections=list(sections))
             for start in range(0, len(covers), self.write_batch):
                 batch = list(covers[start : start + self.write_batch])
-                await _consume(tx, _WRITE_COVERS, tenant=tenant, doc=doc, covers=batch)
-            # Only topics this document held can have lost their last document here.
+                await _consume(tx, _WRITE_COVERS, tenant=tenant, covers=batch)
+            # Only topics these documents held can have lost their last document here.
             await _consume(tx, _SWEEP_NAMED_TOPICS, tenant=tenant, topic_ids=previous)
 
         await self._write(work)
 
     # --- pass 2b --------------------------------------------------------------------------
 
-    async def document_concepts(self, tenant: str, doc: str) -> list[tuple[str, str]]:
-        """(key, entity label) of the concepts the document mentions."""
-        records = await self._read(_CONCEPTS_OF_DOCUMENT, tenant=tenant, doc=doc)
+    async def document_concepts(self, tenant: str, docs: Sequence[str]) -> list[tuple[str, str]]:
+        """(key, entity label) of the concepts the documents mention, each once."""
+        records = await self._read(_CONCEPTS_OF_DOCUMENTS, tenant=tenant, docs=list(docs))
         return [(r["key"], r["entity_label"]) for r in records]
 
     async def write_fine_types(self, tenant: str, rows: Sequence[dict[str, Any]]) -> None:
@@ -525,32 +528,28 @@ class GraphStore:
     # --- pass 3 ---------------------------------------------------------------------------
 
     async def candidates(
-        self, tenant: str, doc: str, min_sections: int, limit: int, max_sections: int = 20
-    ) -> list[Candidate]:
-        """Concept pairs co-present in at least `min_sections` sections, one of them in `doc`,
-        most co-present first; each pair once."""
+        self,
+        tenant: str,
+        docs: Sequence[str],
+        min_sections: int,
+        limit: int,
+        max_sections: int = 20,
+    ) -> dict[str, list[Candidate]]:
+        """For each of `docs`, the concept pairs co-present in at least `min_sections`
+        sections, one of them in the document, most co-present first; each pair once per
+        document, at most `limit` per document; one read for all."""
         records = await self._read(
             _CANDIDATES,
             tenant=tenant,
-            doc=doc,
+            docs=list(docs),
             min_sections=min_sections,
             limit=2 * limit,  # both orders of a pair within the document come back
             max_sections=max_sections,
         )
-        seen: set[tuple[str, str]] = set()
-        found = []
+        by_doc: dict[str, list[neo4j.Record]] = {doc: [] for doc in docs}
         for r in records:
-            pair = tuple(sorted((r["a_key"], r["b_key"])))
-            if pair in seen:
-                continue
-            seen.add((pair[0], pair[1]))
-            sections = tuple(
-                SectionEvidence(s["context_id"], s["document_id"], s["section_path"], s["text"])
-                for s in r["sections"]
-            )
-            a, b = Concept(r["a_key"], r["a_name"]), Concept(r["b_key"], r["b_name"])
-            found.append(Candidate(a, b, sections))
-        return found[:limit]
+            by_doc[r["doc"]].append(r)
+        return {doc: _candidates(rows, limit) for doc, rows in by_doc.items()}
 
     async def replace_pair_relations(
         self, tenant: str, pairs: Sequence[tuple[str, str]], relations: Sequence[Relation]
@@ -583,6 +582,33 @@ class GraphStore:
     async def _write(self, work: Any) -> None:
         async with self._driver.session(database=self._database) as session:
             await session.execute_write(work)
+
+
+def _kept(docs: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each document, the context ids of its sections (the others are stale)."""
+    keep: dict[str, list[str]] = {d["document_id"]: [] for d in docs}
+    for row in rows:
+        keep[row["document_id"]].append(row["context_id"])
+    return [{"document_id": doc, "keep": ids} for doc, ids in keep.items()]
+
+
+def _candidates(records: Sequence[neo4j.Record], limit: int) -> list[Candidate]:
+    """One document's candidate rows, most co-present first, each pair once."""
+    ordered = sorted(records, key=lambda r: (-r["n"], r["a_key"], r["b_key"]))
+    seen: set[tuple[str, str]] = set()
+    found = []
+    for r in ordered:
+        pair = tuple(sorted((r["a_key"], r["b_key"])))
+        if pair in seen:
+            continue
+        seen.add((pair[0], pair[1]))
+        sections = tuple(
+            SectionEvidence(s["context_id"], s["document_id"], s["section_path"], s["text"])
+            for s in r["sections"]
+        )
+        a, b = Concept(r["a_key"], r["a_name"]), Concept(r["b_key"], r["b_name"])
+        found.append(Candidate(a, b, sections))
+    return found[:limit]
 
 
 async def _consume(tx: neo4j.AsyncManagedTransaction, query: str, **params: Any) -> None:

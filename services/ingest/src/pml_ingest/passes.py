@@ -11,12 +11,18 @@ hash than the document's current one skips it (a newer version is on its way, or
 was deleted). Each pass records its state (running, done, failed with the error) in the status
 store; a handler that raises leaves the event to the bus, which retries it and finally
 dead-letters it with the reason.
+
+The passes after chunking handle the events of a read batch together (`EventBus.subscribe_batch`):
+one read of the documents' states, one status write per state change, one spaCy `pipe` and one
+Neo4j transaction per step for all the batch's documents, instead of one each per document. One
+event is a batch of one, through the same code. When a batch fails, the bus hands each of its
+events to the pass alone, so a document that fails is retried and dead-lettered alone.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -44,8 +50,8 @@ from pml_common.settings import Settings
 from pml_ingest.chunker import Section, chunk_document
 from pml_ingest.classification import fine_type
 from pml_ingest.documents import PoisonDocument, content_hash, text_problem
-from pml_ingest.extraction import ConceptExtractor, SectionInput
-from pml_ingest.graph_store import GraphStore
+from pml_ingest.extraction import ConceptExtractor, ConceptMention, SectionInput
+from pml_ingest.graph_store import Candidate, DocumentState, GraphStore, StoredSection
 from pml_ingest.policy import decide
 from pml_ingest.status import DONE, FAILED, PASSES, RUNNING, StatusStore
 from pml_ingest.topics import SectionOutline, covers, document_topics
@@ -56,7 +62,9 @@ _tracer = trace.get_tracer("pml_ingest.passes")
 T = TypeVar("T")
 
 #: Candidate pairs whose relations are replaced per transaction in Pass 3.
-PAIR_BATCH = 50
+PAIR_BATCH = 500
+#: Events a pass worker reads and handles together (documents per transaction).
+DOCUMENT_BATCH = 32
 
 
 class Publisher(Protocol):
@@ -92,8 +100,18 @@ class PassRuntime:
             await asyncio.sleep(pause)
 
 
+@dataclass(frozen=True)
+class Doc:
+    """A document a pass works on: its content hash is the document's current one."""
+
+    id: str
+    content_hash: str
+    language: str
+
+
 class Pass:
-    """Base of the passes after chunking: staleness check, status, span, next event."""
+    """Base of the passes after chunking: staleness check, status, span, next events; for a
+    batch of events at once."""
 
     name: str
     consumes: type[_PassCompleted]
@@ -103,32 +121,59 @@ class Pass:
         self.rt = runtime
 
     def subscribe(self, bus: EventBus) -> None:
-        bus.subscribe(self.consumes, group_of(self.name), self.handle)
+        bus.subscribe_batch(
+            self.consumes, group_of(self.name), self.handle_batch, batch_size=DOCUMENT_BATCH
+        )
 
     async def handle(self, event: _PassCompleted) -> None:
-        tenant, doc, chash = event.tenant_id, event.document_id, event.content_hash
-        state = await self.rt.store.document_state(tenant, doc)
-        if state is None or state.content_hash != chash:
-            log.info("ingest.stale_event_skipped", pass_name=self.name, document_id=doc)
-            return
-        await self.rt.status.mark(tenant, doc, chash, self.name, RUNNING)
-        with _tracer.start_as_current_span(
-            f"ingest.{self.name}", attributes={"pml.tenant_id": tenant, "pml.document_id": doc}
-        ):
-            try:
-                await self.run(tenant, doc, chash, state.language or "en")
-            except Exception as exc:
-                await self.rt.status.mark(
-                    tenant, doc, chash, self.name, FAILED, f"{type(exc).__name__}: {exc}"
-                )
-                raise
-        await self.rt.status.mark(tenant, doc, chash, self.name, DONE)
-        await self.rt.publisher.publish(
-            self.produces.create(tenant_id=tenant, document_id=doc, content_hash=chash)
-        )
-        log.info("ingest.pass_done", pass_name=self.name, tenant=tenant, document_id=doc)
+        await self.handle_batch([event])
 
-    async def run(self, tenant: str, doc: str, chash: str, language: str) -> None:
+    async def handle_batch(self, events: Sequence[_PassCompleted]) -> None:
+        by_tenant: dict[str, list[_PassCompleted]] = {}
+        for event in events:
+            by_tenant.setdefault(event.tenant_id, []).append(event)
+        for tenant, mine in by_tenant.items():
+            await self._handle_tenant(tenant, mine)
+
+    async def _handle_tenant(self, tenant: str, events: Sequence[_PassCompleted]) -> None:
+        docs = await self._current(tenant, events)
+        if not docs:
+            return
+        hashes = [(d.id, d.content_hash) for d in docs]
+        await self.rt.status.mark_many(tenant, hashes, self.name, RUNNING)
+        attributes: dict[str, Any] = {"pml.tenant_id": tenant, "pml.document_count": len(docs)}
+        if len(docs) == 1:
+            attributes["pml.document_id"] = docs[0].id
+        with _tracer.start_as_current_span(f"ingest.{self.name}", attributes=attributes):
+            try:
+                await self.run(tenant, docs)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                await self.rt.status.mark_many(tenant, hashes, self.name, FAILED, error)
+                raise
+        await self.rt.status.mark_many(tenant, hashes, self.name, DONE)
+        for d in docs:
+            done = self.produces.create(
+                tenant_id=tenant, document_id=d.id, content_hash=d.content_hash
+            )
+            await self.rt.publisher.publish(done)
+        log.info("ingest.pass_done", pass_name=self.name, tenant=tenant, documents=len(docs))
+
+    async def _current(self, tenant: str, events: Sequence[_PassCompleted]) -> list[Doc]:
+        """The events' documents whose content is still the one the event names, each once, in
+        event order; the others are skipped (a newer version is on its way, or it was deleted)."""
+        states = await self.rt.store.document_states(tenant, list({e.document_id for e in events}))
+        docs: dict[str, Doc] = {}
+        for event in events:
+            doc, chash = event.document_id, event.content_hash
+            state = states.get(doc)
+            if state is None or state.content_hash != chash:
+                log.info("ingest.stale_event_skipped", pass_name=self.name, document_id=doc)
+                continue
+            docs.setdefault(doc, Doc(doc, chash, state.language or "en"))
+        return list(docs.values())
+
+    async def run(self, tenant: str, docs: Sequence[Doc]) -> None:
         raise NotImplementedError
 
 
@@ -148,41 +193,69 @@ class ChunkingPass:
         self._serial = asyncio.Lock()
 
     def subscribe(self, bus: EventBus) -> None:
-        bus.subscribe(DocumentSubmitted, group_of(self.name), self.on_submitted)
+        bus.subscribe_batch(
+            DocumentSubmitted,
+            group_of(self.name),
+            self.on_submitted_batch,
+            batch_size=DOCUMENT_BATCH,
+        )
         bus.subscribe(DocumentDeleted, group_of(self.name), self.on_deleted)
         bus.subscribe(TenantDeleted, group_of(self.name), self.on_tenant_deleted)
 
     async def on_submitted(self, event: DocumentSubmitted) -> None:
-        async with self._serial:
-            await self._submitted(event)
+        await self.on_submitted_batch([event])
 
-    async def _submitted(self, event: DocumentSubmitted) -> None:
-        tenant, doc = event.tenant_id, event.document_id
-        if not await self.rt.claims.claim_document(tenant, doc, event.occurred_at):
-            log.info("ingest.superseded_submission_skipped", tenant=tenant, document_id=doc)
-            return
-        chash = content_hash(event.title, event.text, event.format)
-        await self.rt.status.ensure(tenant, doc, chash, event.title)
-        state = await self.rt.store.document_state(tenant, doc)
-        if state is not None and state.content_hash == chash == state.completed_hash:
-            await self._unchanged(tenant, doc, chash)
-            return
-        await self.rt.status.mark(tenant, doc, chash, self.name, RUNNING)
-        with _tracer.start_as_current_span(
-            "ingest.chunking", attributes={"pml.tenant_id": tenant, "pml.document_id": doc}
-        ):
-            replacing = state is not None and state.content_hash != chash
-            try:
-                await self._chunk(event, chash, replacing=replacing)
-            except Exception as exc:
-                await self.rt.status.mark(
-                    tenant, doc, chash, self.name, FAILED, f"{type(exc).__name__}: {exc}"
+    async def on_submitted_batch(self, events: Sequence[DocumentSubmitted]) -> None:
+        async with self._serial:
+            # Two submissions of one document apply one after the other, as they were made.
+            for run in _distinct_runs(events):
+                by_tenant: dict[str, list[DocumentSubmitted]] = {}
+                for event in run:
+                    by_tenant.setdefault(event.tenant_id, []).append(event)
+                for tenant, mine in by_tenant.items():
+                    await self._submitted(tenant, mine)
+
+    async def _submitted(self, tenant: str, events: Sequence[DocumentSubmitted]) -> None:
+        claimed = []
+        for event in events:
+            doc = event.document_id
+            if await self.rt.claims.claim_document(tenant, doc, event.occurred_at):
+                claimed.append(
+                    _Submission(event, content_hash(event.title, event.text, event.format))
                 )
-                raise
-        await self.rt.status.mark(tenant, doc, chash, self.name, DONE)
-        await self.rt.publisher.publish(
-            ChunkingCompleted.create(tenant_id=tenant, document_id=doc, content_hash=chash)
+            else:
+                log.info("ingest.superseded_submission_skipped", tenant=tenant, document_id=doc)
+        if not claimed:
+            return
+        await self.rt.status.ensure_many(
+            tenant, [(c.event.document_id, c.content_hash, c.event.title) for c in claimed]
         )
+        states = await self.rt.store.document_states(tenant, [c.event.document_id for c in claimed])
+        todo = []
+        for c in claimed:
+            state = states.get(c.event.document_id)
+            if state is not None and state.content_hash == c.content_hash == state.completed_hash:
+                await self._unchanged(tenant, c.event.document_id, c.content_hash)
+                continue
+            todo.append(c.replacing(state))
+        if not todo:
+            return
+        hashes = [(c.event.document_id, c.content_hash) for c in todo]
+        await self.rt.status.mark_many(tenant, hashes, self.name, RUNNING)
+        attributes: dict[str, Any] = {"pml.tenant_id": tenant, "pml.document_count": len(todo)}
+        if len(todo) == 1:
+            attributes["pml.document_id"] = todo[0].event.document_id
+        with _tracer.start_as_current_span("ingest.chunking", attributes=attributes):
+            try:
+                await self._chunk(tenant, todo)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                await self.rt.status.mark_many(tenant, hashes, self.name, FAILED, error)
+                raise
+        await self.rt.status.mark_many(tenant, hashes, self.name, DONE)
+        for doc, chash in hashes:
+            done = ChunkingCompleted.create(tenant_id=tenant, document_id=doc, content_hash=chash)
+            await self.rt.publisher.publish(done)
 
     async def _unchanged(self, tenant: str, doc: str, chash: str) -> None:
         """The same content again: the graph already holds it, every pass is done."""
@@ -190,8 +263,44 @@ class ChunkingPass:
             await self.rt.status.mark(tenant, doc, chash, name, DONE)
         log.info("ingest.unchanged_document", tenant=tenant, document_id=doc)
 
-    async def _chunk(self, event: DocumentSubmitted, chash: str, *, replacing: bool) -> None:
-        tenant, doc = event.tenant_id, event.document_id
+    async def _chunk(self, tenant: str, todo: Sequence[_Submission]) -> None:
+        # Every document checked and cut first: a poison one fails the batch before any write.
+        chunked = [self._sections(c) for c in todo]
+        store = self.rt.store
+        for submission in todo:
+            if submission.replacing_old:
+                # A changed document: what the old version contributed goes first.
+                doc = submission.event.document_id
+                await store.remove_document(tenant, doc, keep_document=True)
+        batch_size = self.rt.settings.ingest_write_batch
+        first = True
+        for group in fitting(chunked, lambda c: len(c.sections), batch_size):
+            if len(group) == 1 and len(group[0].sections) > batch_size:
+                await self._write_large(tenant, group[0])
+            else:
+                docs = [c.document_row() for c in group]
+                rows = [row for c in group for row in c.section_rows()]
+                await store.write_documents(tenant, docs, rows)
+                if first:
+                    await self.rt.pause_after_first_write(self.name, group[0].doc)
+            first = False
+        for item in chunked:
+            await self.rt.publisher.publish(
+                ChunksExtracted.create(
+                    tenant_id=tenant,
+                    document_id=item.doc,
+                    chunks=_flatten_chunks(item.sections),
+                    submitted_at=item.submission.event.occurred_at,
+                )
+            )
+        # Last: until this is set, a redelivery redoes the whole pass.
+        hashes = [(item.doc, item.submission.content_hash) for item in chunked]
+        await store.mark_chunked(tenant, hashes)
+        log.info("ingest.chunked", tenant=tenant, documents=len(chunked))
+
+    def _sections(self, submission: _Submission) -> _Chunked:
+        event = submission.event
+        doc = event.document_id
         problem = text_problem(event.text, self.rt.settings.ingest_max_document_chars)
         if problem:
             raise PoisonDocument(f"document {doc!r}: {problem}")
@@ -200,34 +309,19 @@ class ChunkingPass:
         )
         if not sections:
             raise PoisonDocument(f"document {doc!r}: no section with text")
-        store = self.rt.store
-        if replacing:
-            # A changed document: what the old version contributed goes first.
-            await store.remove_document(tenant, doc, keep_document=True)
         language = detect_language(f"{event.title}\n{event.text}")
-        rows = [_section_row(s) for s in sections]
-        batch_size = self.rt.settings.ingest_write_batch
-        if len(rows) <= batch_size:
-            await store.write_document(tenant, doc, event.title, event.format, language, rows)
-            await self.rt.pause_after_first_write(self.name, doc)
-        else:
-            await store.upsert_document(tenant, doc, event.title, event.format, language, len(rows))
-            for i, batch in enumerate(batches(rows, batch_size)):
-                await store.write_sections(tenant, doc, batch)
-                if i == 0:
-                    await self.rt.pause_after_first_write(self.name, doc)
-            await store.drop_stale_sections(tenant, doc, [s.context_id for s in sections])
-        await self.rt.publisher.publish(
-            ChunksExtracted.create(
-                tenant_id=tenant,
-                document_id=doc,
-                chunks=_flatten_chunks(sections),
-                submitted_at=event.occurred_at,
-            )
-        )
-        # Last: until this is set, a redelivery redoes the whole pass.
-        await store.mark_chunked(tenant, doc, chash)
-        log.info("ingest.chunked", tenant=tenant, document_id=doc, sections=len(sections))
+        return _Chunked(submission, sections, language)
+
+    async def _write_large(self, tenant: str, chunked: _Chunked) -> None:
+        """A document with more sections than one transaction takes: in several."""
+        store = self.rt.store
+        await store.upsert_documents(tenant, [chunked.document_row()])
+        rows = chunked.section_rows()
+        for i, batch in enumerate(batches(rows, self.rt.settings.ingest_write_batch)):
+            await store.write_sections(tenant, batch)
+            if i == 0:
+                await self.rt.pause_after_first_write(self.name, chunked.doc)
+        await store.drop_stale_sections(tenant, chunked.doc, [r["context_id"] for r in rows])
 
     async def on_deleted(self, event: DocumentDeleted) -> None:
         async with self._serial:
@@ -252,6 +346,57 @@ class ChunkingPass:
             nodes = await self.rt.store.delete_tenant(event.tenant_id)
             documents = await self.rt.status.forget_tenant(event.tenant_id)
         log.info("ingest.tenant_deleted", tenant=event.tenant_id, nodes=nodes, documents=documents)
+
+
+@dataclass(frozen=True)
+class _Submission:
+    event: DocumentSubmitted
+    content_hash: str
+    #: The graph holds another version of the document.
+    replacing_old: bool = False
+
+    def replacing(self, state: DocumentState | None) -> _Submission:
+        changed = state is not None and state.content_hash != self.content_hash
+        return _Submission(self.event, self.content_hash, changed)
+
+
+@dataclass(frozen=True)
+class _Chunked:
+    submission: _Submission
+    sections: list[Section]
+    language: str
+
+    @property
+    def doc(self) -> str:
+        return self.submission.event.document_id
+
+    def document_row(self) -> dict[str, Any]:
+        event = self.submission.event
+        return {
+            "document_id": self.doc,
+            "title": event.title,
+            "format": event.format,
+            "language": self.language,
+            "section_count": len(self.sections),
+        }
+
+    def section_rows(self) -> list[dict[str, Any]]:
+        return [{"document_id": self.doc, **_section_row(s)} for s in self.sections]
+
+
+def _distinct_runs(events: Sequence[DocumentSubmitted]) -> Iterator[list[DocumentSubmitted]]:
+    """Consecutive runs of `events` in which no document comes twice."""
+    run: list[DocumentSubmitted] = []
+    seen: set[tuple[str, str]] = set()
+    for event in events:
+        key = (event.tenant_id, event.document_id)
+        if key in seen:
+            yield run
+            run, seen = [], set()
+        run.append(event)
+        seen.add(key)
+    if run:
+        yield run
 
 
 def _section_row(section: Section) -> dict[str, Any]:
@@ -301,40 +446,90 @@ class ConceptPass(Pass):
         super().__init__(runtime)
         self.extractor = extractor or ConceptExtractor()
 
-    async def run(self, tenant: str, doc: str, chash: str, language: str) -> None:
+    async def run(self, tenant: str, docs: Sequence[Doc]) -> None:
         store = self.rt.store
-        sections = await store.sections(tenant, doc)
-        inputs = [SectionInput(s.context_id, s.section_path, s.text) for s in sections]
+        sections = await store.sections(tenant, [d.id for d in docs])
         # spaCy is CPU-bound: off the event loop, so health checks and the bus keep going.
-        per_section = await asyncio.to_thread(self.extractor.extract, inputs, language)
-        rows = [
-            {
-                "context_id": section.context_id,
-                "key": m.key,
-                "name": m.name,
-                "concept_type": m.concept_type,
-                "entity_label": m.entity_label,
-                "salience": m.salience,
-                "positions": list(m.positions),
-                "count": m.count,
-            }
-            for section, mentions in zip(sections, per_section, strict=True)
-            for m in mentions
-        ]
+        per_doc = await asyncio.to_thread(self._extract, docs, sections)
         batch_size = self.rt.settings.ingest_write_batch
-        if len(rows) <= batch_size:
-            await store.replace_mentions(tenant, doc, language, rows)
-            await self.rt.pause_after_first_write(self.name, doc)
-        else:
-            previous = await store.drop_mentions(tenant, doc)
-            for i, batch in enumerate(batches(rows, batch_size)):
-                await store.write_mentions(tenant, doc, language, batch)
-                if i == 0:
-                    await self.rt.pause_after_first_write(self.name, doc)
-            # Concepts only this document named, and no longer names; a crash before this
-            # line loses nothing: the redelivery drops and rewrites the same mentions.
-            await store.sweep_concepts(tenant, previous)
-        log.info("ingest.concepts", tenant=tenant, document_id=doc, mentions=len(rows))
+        first = True
+        for group in fitting(per_doc, lambda rows: len(rows[1]), batch_size):
+            if len(group) == 1 and len(group[0][1]) > batch_size:
+                await self._write_large(tenant, *group[0])
+            else:
+                rows = [row for _, doc_rows in group for row in doc_rows]
+                await store.replace_mentions(tenant, [d.id for d, _ in group], rows)
+                if first:
+                    await self.rt.pause_after_first_write(self.name, group[0][0].id)
+            first = False
+        log.info(
+            "ingest.concepts",
+            tenant=tenant,
+            documents=len(docs),
+            mentions=sum(len(rows) for _, rows in per_doc),
+        )
+
+    def _extract(
+        self, docs: Sequence[Doc], sections: Mapping[str, Sequence[StoredSection]]
+    ) -> list[tuple[Doc, list[dict[str, Any]]]]:
+        """Each document's MENTIONED_IN rows, in document order; one `nlp.pipe` per language
+        over all the batch's sections."""
+        by_language: dict[str, list[Doc]] = {}
+        for d in docs:
+            by_language.setdefault(d.language, []).append(d)
+        rows: dict[str, list[dict[str, Any]]] = {}
+        for language, same in by_language.items():
+            owned = [(d, s) for d in same for s in sections[d.id]]
+            inputs = [SectionInput(s.context_id, s.section_path, s.text) for _, s in owned]
+            per_section = self.extractor.extract(inputs, language)
+            for d in same:
+                rows[d.id] = []
+            for (d, section), mentions in zip(owned, per_section, strict=True):
+                rows[d.id].extend(_mention_row(d, section.context_id, m) for m in mentions)
+        return [(d, rows[d.id]) for d in docs]
+
+    async def _write_large(self, tenant: str, doc: Doc, rows: Sequence[dict[str, Any]]) -> None:
+        """A document with more mentions than one transaction takes: in several."""
+        store = self.rt.store
+        previous = await store.drop_mentions(tenant, [doc.id])
+        for i, batch in enumerate(batches(rows, self.rt.settings.ingest_write_batch)):
+            await store.write_mentions(tenant, batch)
+            if i == 0:
+                await self.rt.pause_after_first_write(self.name, doc.id)
+        # Concepts only this document named, and no longer names; a crash before this
+        # line loses nothing: the redelivery drops and rewrites the same mentions.
+        await store.sweep_concepts(tenant, previous)
+
+
+def _mention_row(doc: Doc, context_id: str, m: ConceptMention) -> dict[str, Any]:
+    return {
+        "document_id": doc.id,
+        "language": doc.language,
+        "context_id": context_id,
+        "key": m.key,
+        "name": m.name,
+        "concept_type": m.concept_type,
+        "entity_label": m.entity_label,
+        "salience": m.salience,
+        "positions": list(m.positions),
+        "count": m.count,
+    }
+
+
+def fitting(items: Sequence[T], size: Callable[[T], int], limit: int) -> Iterator[Sequence[T]]:
+    """Consecutive groups of `items` whose sizes add up to at most `limit`; an item larger than
+    `limit` is a group alone."""
+    group: list[T] = []
+    total = 0
+    for item in items:
+        n = size(item)
+        if group and total + n > limit:
+            yield group
+            group, total = [], 0
+        group.append(item)
+        total += n
+    if group:
+        yield group
 
 
 # --- pass 2a --------------------------------------------------------------------------------
@@ -347,29 +542,43 @@ class TopicPass(Pass):
     consumes = Pass1Completed
     produces = Pass2aCompleted
 
-    async def run(self, tenant: str, doc: str, chash: str, language: str) -> None:
+    async def run(self, tenant: str, docs: Sequence[Doc]) -> None:
         store = self.rt.store
-        sections = await store.sections(tenant, doc)
-        outlines = [SectionOutline(s.context_id, s.trail, len(s.text)) for s in sections]
-        topics = document_topics(outlines)
-        mentions = await store.mentions(tenant, doc)
-        covered = covers(topics, mentions, self.rt.settings.covers_min_salience)
-        attached: dict[str, list[str]] = {s.context_id: [] for s in sections}
-        for topic in topics:
-            for context_id in topic.context_ids:
-                attached[context_id].append(topic.topic_id)
-        await store.replace_topics(
-            tenant,
-            doc,
-            [{"topic_id": t.topic_id, "name": t.name, "salience": t.salience} for t in topics],
-            [{"context_id": c, "topic_ids": ids} for c, ids in attached.items()],
-            [
-                {"topic_id": c.topic_id, "key": c.concept_key, "confidence": c.confidence}
+        ids = [d.id for d in docs]
+        sections = await store.sections(tenant, ids)
+        mentions = await store.mentions(tenant, ids)
+        topic_rows: list[dict[str, Any]] = []
+        section_rows: list[dict[str, Any]] = []
+        cover_rows: list[dict[str, Any]] = []
+        for doc in ids:
+            outlines = [SectionOutline(s.context_id, s.trail, len(s.text)) for s in sections[doc]]
+            topics = document_topics(outlines)
+            covered = covers(topics, mentions, self.rt.settings.covers_min_salience)
+            attached: dict[str, list[str]] = {s.context_id: [] for s in sections[doc]}
+            for topic in topics:
+                for context_id in topic.context_ids:
+                    attached[context_id].append(topic.topic_id)
+            topic_rows += [
+                {"document_id": doc, "topic_id": t.topic_id, "name": t.name, "salience": t.salience}
+                for t in topics
+            ]
+            section_rows += [{"context_id": c, "topic_ids": t} for c, t in attached.items()]
+            cover_rows += [
+                {
+                    "document_id": doc,
+                    "topic_id": c.topic_id,
+                    "key": c.concept_key,
+                    "confidence": c.confidence,
+                }
                 for c in covered
-            ],
-        )
+            ]
+        await store.replace_topics(tenant, ids, topic_rows, section_rows, cover_rows)
         log.info(
-            "ingest.topics", tenant=tenant, document_id=doc, topics=len(topics), covers=len(covered)
+            "ingest.topics",
+            tenant=tenant,
+            documents=len(docs),
+            topics=len(topic_rows),
+            covers=len(cover_rows),
         )
 
 
@@ -383,8 +592,8 @@ class ClassifyPass(Pass):
     consumes = Pass2aCompleted
     produces = Pass2bCompleted
 
-    async def run(self, tenant: str, doc: str, chash: str, language: str) -> None:
-        concepts = await self.rt.store.document_concepts(tenant, doc)
+    async def run(self, tenant: str, docs: Sequence[Doc]) -> None:
+        concepts = await self.rt.store.document_concepts(tenant, [d.id for d in docs])
         rows = [{"key": key, "fine_type": fine_type(key, label)} for key, label in concepts]
         for batch in batches(rows, self.rt.settings.ingest_write_batch):
             await self.rt.store.write_fine_types(tenant, batch)
@@ -404,14 +613,19 @@ class RelationPass(Pass):
         super().__init__(runtime)
         self.verifier = verifier or build_verifier(runtime.settings)
 
-    async def run(self, tenant: str, doc: str, chash: str, language: str) -> None:
+    async def run(self, tenant: str, docs: Sequence[Doc]) -> None:
         settings = self.rt.settings
-        candidates = await self.rt.store.candidates(
-            tenant, doc, settings.pass3_min_sections, settings.pass3_max_candidates
+        found = await self.rt.store.candidates(
+            tenant, [d.id for d in docs], settings.pass3_min_sections, settings.pass3_max_candidates
         )
-        candidates = [
-            c for c in candidates if not (is_stop_concept(c.a.key) or is_stop_concept(c.b.key))
-        ]
+        # A pair several documents of the batch share is verified once, as the last of them
+        # saw it: one after the other, each would replace the relations of the one before.
+        pairs: dict[tuple[str, str], Candidate] = {}
+        for d in docs:
+            for c in found[d.id]:
+                if not (is_stop_concept(c.a.key) or is_stop_concept(c.b.key)):
+                    pairs[_pair(c)] = c
+        candidates = list(pairs.values())
         written = 0
         for i, batch in enumerate(batches(candidates, PAIR_BATCH)):
             verdicts: list[Verdict] = []
@@ -421,19 +635,24 @@ class RelationPass(Pass):
                     if verdict is not None:
                         verdicts.append(verdict)
             relations = decide(verdicts)
-            pairs = [(c.a.key, c.b.key) for c in batch]
-            await self.rt.store.replace_pair_relations(tenant, pairs, relations)
+            keys = [(c.a.key, c.b.key) for c in batch]
+            await self.rt.store.replace_pair_relations(tenant, keys, relations)
             written += len(relations)
             if i == 0:
-                await self.rt.pause_after_first_write(self.name, doc)
-        await self.rt.store.mark_completed(tenant, doc, chash)
+                await self.rt.pause_after_first_write(self.name, docs[0].id)
+        await self.rt.store.mark_completed(tenant, [(d.id, d.content_hash) for d in docs])
         log.info(
             "ingest.relations",
             tenant=tenant,
-            document_id=doc,
+            documents=len(docs),
             candidates=len(candidates),
             relations=written,
         )
+
+
+def _pair(candidate: Candidate) -> tuple[str, str]:
+    a, b = sorted((candidate.a.key, candidate.b.key))
+    return a, b
 
 
 PASS_TYPES: dict[str, Callable[[PassRuntime], Any]] = {

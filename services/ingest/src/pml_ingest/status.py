@@ -80,22 +80,44 @@ class StatusStore:
             pipe.sadd(_index(tenant), doc)
             await pipe.execute()
 
-    async def ensure(self, tenant: str, doc: str, content_hash: str, title: str) -> None:
-        """Record a document a worker meets that Submit did not announce (an event published
-        straight on the stream), so its passes are visible too."""
-        current = await self._redis.hget(_key(tenant, doc), "content_hash")
-        if _text(current) != content_hash:
-            await self.submitted(tenant, doc, content_hash, title)
+    async def ensure_many(self, tenant: str, docs: Sequence[tuple[str, str, str]]) -> None:
+        """Record the (document, content hash, title) a worker meets that Submit did not
+        announce (an event published straight on the stream), so its passes are visible too;
+        one read for all."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for doc, _, _ in docs:
+                pipe.hget(_key(tenant, doc), "content_hash")
+            current = await pipe.execute()
+        for (doc, content_hash, title), known in zip(docs, current, strict=True):
+            if _text(known) != content_hash:
+                await self.submitted(tenant, doc, content_hash, title)
 
     async def mark(
         self, tenant: str, doc: str, content_hash: str, name: str, state: str, error: str = ""
     ) -> bool:
         """Set one pass's state for this content; False when the document moved on."""
+        [result] = await self.mark_many(tenant, [(doc, content_hash)], name, state, error)
+        return result
+
+    async def mark_many(
+        self,
+        tenant: str,
+        hashes: Sequence[tuple[str, str]],
+        name: str,
+        state: str,
+        error: str = "",
+    ) -> list[bool]:
+        """`mark` for each (document, content hash), in one round trip."""
         at = utcnow().isoformat()
-        result = await self._set_if_current(
-            keys=[_key(tenant, doc)], args=[content_hash, name, state, at, error[:2000]]
-        )
-        return bool(result)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for doc, content_hash in hashes:
+                await self._set_if_current(
+                    keys=[_key(tenant, doc)],
+                    args=[content_hash, name, state, at, error[:2000]],
+                    client=pipe,
+                )
+            results = await pipe.execute()
+        return [bool(r) for r in results]
 
     async def get(self, tenant: str, doc: str) -> DocumentStatus | None:
         [status] = await self.many(tenant, [doc])
