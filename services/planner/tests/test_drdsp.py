@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pml_planner.drdsp import DRDSP, DagEdge, Direction, dependency_dag, shortest_path_tree
+from pml_planner.drdsp import DRDSP, DagEdge, dependency_dag, shortest_path_tree
 from pml_planner.hypergraph import (
     Hyperedge,
     Hypergraph,
@@ -32,13 +32,11 @@ def brute_force_arcs(graph: Hypergraph) -> dict[tuple[str, str], float]:
 
 
 def reference_tree(
-    arcs: dict[tuple[str, str], float], root: str, backward: bool
+    arcs: dict[tuple[str, str], float], root: str
 ) -> tuple[dict[str, float], dict[str, str]]:
     """O(V²) Dijkstra, then each parent by definition: the smallest tight in-neighbour."""
     adjacency: dict[str, dict[str, float]] = defaultdict(dict)
     for (u, v), w in arcs.items():
-        if backward:
-            u, v = v, u
         adjacency[u][v] = w
     dist = {root: 0.0}
     done: set[str] = set()
@@ -56,19 +54,14 @@ def reference_tree(
     return dist, parent
 
 
-def kept_trees(planner: DRDSP) -> list[tuple[Direction, str]]:
-    forward: list[tuple[Direction, str]] = [("forward", s) for s in planner.kept_sources]
-    return forward + [("backward", t) for t in planner.kept_targets]
-
-
 def check_against_scratch(planner: DRDSP) -> None:
     arcs = brute_force_arcs(planner.graph)
-    for direction, root in kept_trees(planner):
-        tree = planner.peek(root, direction)
+    for root in planner.kept_sources:
+        tree = planner.peek(root)
         assert tree is not None and tree.live
-        expected = reference_tree(arcs, root, direction == "backward")
-        assert (dict(tree.distance), dict(tree.parent)) == expected, (direction, root)
-        assert shortest_path_tree(planner.graph, root, direction) == expected
+        expected = reference_tree(arcs, root)
+        assert (dict(tree.distance), dict(tree.parent)) == expected, root
+        assert shortest_path_tree(planner.graph, root) == expected
     for source in planner.kept_sources:
         for target in sorted(planner.graph.vertices):
             check_path(planner, source, target)
@@ -76,7 +69,7 @@ def check_against_scratch(planner: DRDSP) -> None:
 
 def check_path(planner: DRDSP, source: str, target: str) -> None:
     path = planner.forward(source, target)
-    reached = planner.peek(source, "forward")
+    reached = planner.peek(source)
     assert reached is not None
     if path is None:
         assert target not in reached.distance
@@ -108,7 +101,7 @@ COSTS = st.one_of(_ROUND, _ROUND, _ROUND, st.floats(0.1, 10.0))
 Op = tuple[str, int, frozenset[str], frozenset[str], float, bool, str]
 
 #: Adds outnumber removals, so that graphs grow enough for changes to cut through trees.
-KINDS = ["add", "add", "add", "remove", "reweight", "reweight", "forward", "backward"]
+KINDS = ["add", "add", "add", "remove", "reweight", "reweight", "forward", "forward"]
 
 
 def ops_strategy(vertices: str) -> st.SearchStrategy[Op]:
@@ -132,8 +125,6 @@ def run_ops(planner: DRDSP, ops: list[Op]) -> None:
     for kind, index, tail, head, cost, reuse, root in ops:
         if kind == "forward":
             planner.forward_tree(root)
-        elif kind == "backward":
-            planner.backward(root)
         elif kind == "add":
             if reuse and removed:
                 edge_id = removed.pop(index % len(removed))
@@ -156,24 +147,21 @@ def run_ops(planner: DRDSP, ops: list[Op]) -> None:
 @given(st.lists(ops_strategy("abcdefg"), min_size=10, max_size=50))
 def test_incremental_trees_equal_scratch_after_any_changes(ops: list[Op]) -> None:
     # small LRUs so that eviction and re-building happen too
-    run_ops(DRDSP(max_sources=3, max_targets=3), ops)
+    run_ops(DRDSP(max_sources=3), ops)
 
 
 @settings(max_examples=100, deadline=None)
 @given(
     st.lists(st.sampled_from("abc"), min_size=1, max_size=3),
-    st.lists(st.sampled_from("jkl"), min_size=1, max_size=3),
     st.lists(ops_strategy("abcdefghijkl"), min_size=30, max_size=80),
 )
 def test_incremental_trees_equal_scratch_on_larger_graphs(
-    sources: list[str], targets: list[str], ops: list[Op]
+    sources: list[str], ops: list[Op]
 ) -> None:
     # trees kept from the start, so that long sequences of repairs build up on them
-    planner = DRDSP(max_sources=3, max_targets=3)
+    planner = DRDSP(max_sources=3)
     for source in sources:
         planner.forward_tree(source)
-    for target in targets:
-        planner.backward(target)
     run_ops(planner, ops)
 
 
@@ -184,17 +172,17 @@ def test_recompute_all_gives_the_same_trees() -> None:
     ):
         planner.add(Hyperedge(f"e{i}", frozenset(tail), frozenset(head), cost))
     planner.forward_tree("a")
-    planner.backward("e")
+    planner.forward_tree("b")
     planner.reweight("e0", 5.0)
     planner.remove("e3")
-    views = {key: planner.peek(key[1], key[0]) for key in kept_trees(planner)}
-    before = {key: (dict(v.distance), dict(v.parent)) for key, v in views.items() if v}
+    views = {root: planner.peek(root) for root in planner.kept_sources}
+    before = {root: (dict(v.distance), dict(v.parent)) for root, v in views.items() if v}
     planner.recompute_all()
     # rebuilt in place: the views handed out before still read the live trees
-    after = {key: (dict(v.distance), dict(v.parent)) for key, v in views.items() if v}
+    after = {root: (dict(v.distance), dict(v.parent)) for root, v in views.items() if v}
     assert before == after and len(after) == 2
-    assert after["forward", "a"][0] == {"a": 0.0, "c": 5.0, "d": 3.0}  # d → e was removed
-    assert after["backward", "e"][0] == {"e": 0.0, "b": 4.0}
+    assert after["a"][0] == {"a": 0.0, "c": 5.0, "d": 3.0}  # d → e was removed
+    assert after["b"][0] == {"b": 0.0, "c": 5.0, "d": 7.0, "e": 4.0}
 
 
 # --- the planner's contract ------------------------------------------------------------------
@@ -209,17 +197,19 @@ def test_lru_evicts_the_least_recently_used_tree() -> None:
     planner.forward_tree("a")  # a is now the most recent
     planner.forward_tree("c")
     assert planner.kept_sources == ("a", "c")
-    assert first.live and planner.peek("b", "forward") is None
+    assert first.live and planner.peek("b") is None
 
 
 def test_views_follow_changes_until_evicted() -> None:
-    planner = DRDSP(max_targets=1)
+    planner = DRDSP(max_sources=1)
     planner.add(Hyperedge("e1", frozenset("a"), frozenset("t"), 2.0))
-    tree = planner.backward("t")
-    assert tree.distance == {"t": 0.0, "a": 2.0} and tree.parent["a"] == "t"
-    planner.add(Hyperedge("e2", frozenset("b"), frozenset("a"), 1.0))
-    assert tree.distance["b"] == 3.0 and tree.path("b") == ("b", "a", "t")
-    planner.backward("x")
+    tree = planner.forward_tree("a")
+    assert tree.distance == {"a": 0.0, "t": 2.0} and tree.parent["t"] == "a"
+    planner.add(Hyperedge("e2", frozenset("t"), frozenset("b"), 1.0))
+    assert tree.distance["b"] == 3.0 and tree.path("b") == ("a", "t", "b")
+    planner.remove("e1")  # the subtree under t is cut off
+    assert tree.distance == {"a": 0.0} and tree.path("b") is None
+    planner.forward_tree("x")
     assert not tree.live
 
 
@@ -244,7 +234,7 @@ def test_source_is_its_own_path_and_unknown_vertices_are_out_of_reach() -> None:
     assert path.next_step is None
     assert planner.forward("a", "zz") is None
     assert planner.forward("zz", "a") is None
-    assert dict(planner.backward("zz").distance) == {"zz": 0.0}
+    assert dict(planner.forward_tree("zz").distance) == {"zz": 0.0}
 
 
 def test_ties_go_to_the_smallest_vertex_id() -> None:
@@ -331,8 +321,8 @@ def test_an_unreliable_capability_is_avoided_even_when_its_tool_is_nearer() -> N
     assert path.hyperedges == ("sequence:a->d", "report#via-d") and path.requires == ()
     dag = planner.dependency_dag("report")
     assert dag.hyperedges == {"report": "report#via-d"} and dag.order == ("d", "report")
-    backward = planner.backward("report")
-    assert backward.path("a") == ("a", "d", "report")
+    tree = planner.forward_tree("a")
+    assert tree.path("report") == ("a", "d", "report")
 
     # the c capability becomes reliable: it is now the cheaper hyperedge, and both flip
     planner.reweight("report#via-c", capability_cost(0.99))
@@ -341,7 +331,9 @@ def test_an_unreliable_capability_is_avoided_even_when_its_tool_is_nearer() -> N
     assert path.requires == ("x",)
     dag = planner.dependency_dag("report")
     assert dag.hyperedges == {"report": "report#via-c"} and set(dag.nodes) == {"c", "x", "report"}
-    assert backward.path("a") == ("a", "c", "report")  # the kept tree was repaired
+    # the view handed out before reads the repaired kept tree, equal to a from-scratch one
+    assert tree.live and tree.path("report") == ("a", "c", "report")
+    assert (dict(tree.distance), dict(tree.parent)) == shortest_path_tree(planner.graph, "a")
 
     # and back when it degrades again
     planner.reweight("report#via-c", capability_cost(0.3))

@@ -6,16 +6,16 @@ tail × head pair, weighted by the cheapest covering hyperedge), as DR-DSP presc
 
 - PREDICTION, `forward(current_tool, target)`: the cheapest path to the target capability; its
   second vertex is the next step. Served from a single-source tree of `current_tool`.
-- SUGGESTION, `backward(target)`: the single-target tree of everything that can reach the
-  target, and `dependency_dag(target)`: the target's cheapest capability hyperedge expanded
-  B-hyperpath style (every member is needed, member capabilities recursively), ordered.
+- SUGGESTION, `dependency_dag(target)`: the target's cheapest capability hyperedge expanded
+  B-hyperpath style (every member is needed, member capabilities recursively), ordered. It
+  reads the hyperedges, not a tree: no tree into a target is kept, since no request read one.
 
-The trees of recently queried sources and targets are kept (two bounded LRUs) and repaired
-after each change from the arcs it changed, never rebuilt: a cheaper arc propagates
-Dijkstra-style from the vertex it improves; a dearer or removed tree arc invalidates the subtree
-hanging from it, which is re-seeded from its intact in-neighbours and settled by a Dijkstra
-over that subtree alone (Ramalingam & Reps, "An incremental algorithm for a generalization of
-the shortest-path problem", 1996). Vertices outside those regions are not looked at.
+The trees of recently queried sources are kept (a bounded LRU) and repaired after each change
+from the arcs it changed, never rebuilt: a cheaper arc propagates Dijkstra-style from the
+vertex it improves; a dearer or removed tree arc invalidates the subtree hanging from it,
+which is re-seeded from its intact in-neighbours and settled by a Dijkstra over that subtree
+alone (Ramalingam & Reps, "An incremental algorithm for a generalization of the shortest-path
+problem", 1996). Vertices outside those regions are not looked at.
 
 Determinism: among equally short ways into a vertex, its parent is the smallest vertex id
 (`parent[v] = min{u : d[u] + w(u, v) = d[v]}`). That rule depends on the current graph only,
@@ -35,12 +35,11 @@ from typing import Literal
 
 from pml_planner.hypergraph import ArcChange, Hyperedge, Hypergraph, Vertex
 
-Direction = Literal["forward", "backward"]
 _Adjacency = Mapping[Vertex, Mapping[Vertex, float]]
 _NO_ARCS: Mapping[Vertex, float] = MappingProxyType({})
 
-#: Trees kept per direction by default: one per live session's current tool / target is the
-#: expected use, and a tree costs O(reachable vertices) of memory and of repair work.
+#: Trees kept by default: one per live session's current tool is the expected use, and a tree
+#: costs O(reachable vertices) of memory and of repair work.
 DEFAULT_KEPT_TREES = 16
 
 
@@ -90,13 +89,12 @@ class DependencyDag:
 
 
 class _Tree:
-    """Distances and parents of one shortest-path tree, in the tree's own orientation."""
+    """Distances and parents of one single-source shortest-path tree."""
 
-    __slots__ = ("backward", "dist", "evicted", "parent", "root")
+    __slots__ = ("dist", "evicted", "parent", "root")
 
-    def __init__(self, root: Vertex, backward: bool) -> None:
+    def __init__(self, root: Vertex) -> None:
         self.root = root
-        self.backward = backward
         self.dist: dict[Vertex, float] = {}
         self.parent: dict[Vertex, Vertex] = {}
         self.evicted = False
@@ -105,14 +103,12 @@ class _Tree:
 class ShortestPathTree:
     """Read-only view of a kept tree; it follows later changes until the planner evicts it.
 
-    Forward tree: `distance[v]` from the root to v, `parent[v]` the vertex before v.
-    Backward tree: `distance[v]` from v to the root, `parent[v]` the successor of v toward it.
+    `distance[v]` from the root to v, `parent[v]` the vertex before v.
     """
 
     def __init__(self, tree: _Tree) -> None:
         self._tree = tree
         self.root = tree.root
-        self.direction: Direction = "backward" if tree.backward else "forward"
         self.distance: Mapping[Vertex, float] = MappingProxyType(tree.dist)
         self.parent: Mapping[Vertex, Vertex] = MappingProxyType(tree.parent)
 
@@ -122,39 +118,31 @@ class ShortestPathTree:
         return not self._tree.evicted
 
     def path(self, vertex: Vertex) -> tuple[Vertex, ...] | None:
-        """The tree path in travel order (root first forward, root last backward)."""
+        """The tree path from the root to `vertex` (None when out of reach)."""
         if vertex not in self.distance:
             return None
         return _path(self._tree, vertex)
 
 
 def _path(tree: _Tree, vertex: Vertex) -> tuple[Vertex, ...]:
-    """The tree path of a reached `vertex`, in travel order (root first forward, last backward)."""
+    """The tree path of a reached `vertex`, root first."""
     chain = [vertex]
     parent = tree.parent
     while chain[-1] != tree.root:
         chain.append(parent[chain[-1]])
-    return tuple(chain) if tree.backward else tuple(reversed(chain))
+    return tuple(reversed(chain))
 
 
 # --- single-source shortest paths, from scratch and incremental ----------------------------
 
 
-def _orientation(graph: Hypergraph, backward: bool) -> tuple[_Adjacency, _Adjacency]:
-    """(arcs to relax, arcs to seed from) of a tree: a backward tree walks the arcs reversed."""
-    if backward:
-        return graph.in_arcs, graph.out_arcs
-    return graph.out_arcs, graph.in_arcs
-
-
 def shortest_path_tree(
-    graph: Hypergraph, root: Vertex, direction: Direction = "forward"
+    graph: Hypergraph, root: Vertex
 ) -> tuple[dict[Vertex, float], dict[Vertex, Vertex]]:
-    """(distance, parent) of every vertex reachable from (forward) or reaching (backward) root."""
+    """(distance, parent) of every vertex reachable from `root`."""
     dist = {root: 0.0}
     parent: dict[Vertex, Vertex] = {}
-    relax, _ = _orientation(graph, direction == "backward")
-    _settle(relax, dist, parent, [(0.0, root)])
+    _settle(graph.out_arcs, dist, parent, [(0.0, root)])
     return dist, parent
 
 
@@ -189,14 +177,14 @@ def _settle(
 def _repair(tree: _Tree, graph: Hypergraph, changes: Sequence[ArcChange]) -> None:
     """Bring `tree` in line with the graph after `changes` (already applied to the graph)."""
     dist, parent = tree.dist, tree.parent
-    relax, seed_from = _orientation(graph, tree.backward)
+    relax, seed_from = graph.out_arcs, graph.in_arcs
     cut: list[Vertex] = []  # heads of tree arcs that got dearer or vanished
     cheaper: list[tuple[Vertex, Vertex, float]] = []
     for change in changes:
         old, new = change.old_weight, change.new_weight
         if old == new:
             continue  # only the cheapest hyperedge's id changed
-        a, b = (change.head, change.tail) if tree.backward else (change.tail, change.head)
+        a, b = change.tail, change.head
         if new is None or (old is not None and new > old):
             # A dearer arc matters only if the tree uses it; off-tree, nobody's label rests on it.
             if parent.get(b) == a:
@@ -283,15 +271,12 @@ class DRDSP:
         graph: Hypergraph | None = None,
         *,
         max_sources: int = DEFAULT_KEPT_TREES,
-        max_targets: int = DEFAULT_KEPT_TREES,
     ) -> None:
-        if max_sources < 1 or max_targets < 1:
-            raise ValueError("keep at least one tree per direction")
+        if max_sources < 1:
+            raise ValueError("keep at least one tree")
         self.graph = graph if graph is not None else Hypergraph()
         self.max_sources = max_sources
-        self.max_targets = max_targets
         self._sources: OrderedDict[Vertex, _Tree] = OrderedDict()
-        self._targets: OrderedDict[Vertex, _Tree] = OrderedDict()
         self._synced = self.graph.version
 
     # changes
@@ -310,14 +295,14 @@ class DRDSP:
 
     def _apply(self, changes: list[ArcChange]) -> list[ArcChange]:
         if changes:
-            for tree in self._trees():
+            for tree in self._sources.values():
                 _repair(tree, self.graph, changes)
         self._synced = self.graph.version
         return changes
 
     def recompute_all(self) -> None:
         """Rebuild every kept tree from scratch (the reference the repairs are measured against)."""
-        for tree in self._trees():
+        for tree in self._sources.values():
             self._build(tree)
         self._synced = self.graph.version
 
@@ -325,7 +310,7 @@ class DRDSP:
 
     def forward(self, source: Vertex, target: Vertex) -> HyperPath | None:
         """The cheapest path source → target (None when target is out of reach)."""
-        tree = self._tree(source, backward=False)
+        tree = self._tree(source)
         cost = tree.dist.get(target)
         if cost is None:
             return None
@@ -339,12 +324,7 @@ class DRDSP:
         return HyperPath(chain, edges, cost, tuple(sorted(needed)))
 
     def forward_tree(self, source: Vertex) -> ShortestPathTree:
-        return ShortestPathTree(self._tree(source, backward=False))
-
-    def backward(self, target: Vertex) -> ShortestPathTree:
-        """The shortest-path tree into `target`: every vertex that reaches it, with its cost
-        to the target and its successor toward it."""
-        return ShortestPathTree(self._tree(target, backward=True))
+        return ShortestPathTree(self._tree(source))
 
     def dependency_dag(self, target: Vertex) -> DependencyDag:
         self._check_synced()
@@ -355,43 +335,31 @@ class DRDSP:
         """Roots of the kept forward trees, least recently used first."""
         return tuple(self._sources)
 
-    @property
-    def kept_targets(self) -> tuple[Vertex, ...]:
-        return tuple(self._targets)
-
-    def peek(self, root: Vertex, direction: Direction) -> ShortestPathTree | None:
+    def peek(self, source: Vertex) -> ShortestPathTree | None:
         """A kept tree, without building one or touching the LRU order."""
-        kept = self._targets if direction == "backward" else self._sources
-        tree = kept.get(root)
+        tree = self._sources.get(source)
         return ShortestPathTree(tree) if tree is not None else None
 
     # trees
 
-    def _trees(self) -> list[_Tree]:
-        return [*self._sources.values(), *self._targets.values()]
-
-    def _tree(self, root: Vertex, backward: bool) -> _Tree:
+    def _tree(self, source: Vertex) -> _Tree:
         self._check_synced()
-        kept, limit = (
-            (self._targets, self.max_targets) if backward else (self._sources, self.max_sources)
-        )
-        tree = kept.get(root)
+        kept = self._sources
+        tree = kept.get(source)
         if tree is not None:
-            kept.move_to_end(root)
+            kept.move_to_end(source)
             return tree
-        tree = _Tree(root, backward)
+        tree = _Tree(source)
         self._build(tree)
-        kept[root] = tree
-        while len(kept) > limit:
+        kept[source] = tree
+        while len(kept) > self.max_sources:
             _, evicted = kept.popitem(last=False)
             evicted.evicted = True
         return tree
 
     def _build(self, tree: _Tree) -> None:
         # in place, so that views handed out earlier keep reading the live tree
-        dist, parent = shortest_path_tree(
-            self.graph, tree.root, "backward" if tree.backward else "forward"
-        )
+        dist, parent = shortest_path_tree(self.graph, tree.root)
         tree.dist.clear()
         tree.dist.update(dist)
         tree.parent.clear()
