@@ -150,21 +150,29 @@ class Recorder:
 
 
 Deliver = Callable[[Pass, Sequence[_PassCompleted]], Awaitable[None]]
+Submit = Callable[[ChunkingPass, Sequence[DocumentSubmitted]], Awaitable[None]]
 
 
 async def ingest(
-    settings: Settings, driver: neo4j.AsyncDriver, redis: Redis, tenant: str, deliver: Deliver
+    settings: Settings,
+    driver: neo4j.AsyncDriver,
+    redis: Redis,
+    tenant: str,
+    deliver: Deliver,
+    submit: Submit | None = None,
 ) -> None:
-    """The corpus through every pass, pass after pass; `deliver` hands a pass its events."""
+    """The corpus through every pass, pass after pass; `submit` hands chunking the
+    submissions (one at a time by default), `deliver` the other passes their events."""
     store = GraphStore(driver, settings.neo4j_database, write_batch=WRITE_BATCH)
     await store.ensure_schema()
     recorder = Recorder()
     claims = LatestWins(redis, f"test-{uuid.uuid4().hex[:8]}")
     runtime = PassRuntime(store, StatusStore(redis), recorder, settings, claims)
-    chunking = ChunkingPass(runtime)
-    for doc, text in CORPUS.items():
-        event = DocumentSubmitted.create(tenant_id=tenant, document_id=doc, title="", text=text)
-        await chunking.on_submitted(event)
+    submitted = [
+        DocumentSubmitted.create(tenant_id=tenant, document_id=doc, title="", text=text)
+        for doc, text in CORPUS.items()
+    ]
+    await (submit or submit_one_at_a_time)(ChunkingPass(runtime), submitted)
     passes: list[tuple[Pass, type[Event]]] = [
         (ConceptPass(runtime, _EXTRACTOR), ChunkingCompleted),
         (TopicPass(runtime), Pass1Completed),
@@ -177,6 +185,16 @@ async def ingest(
     for doc in CORPUS:
         status = await runtime.status.get(tenant, doc)
         assert status is not None and status.done, status
+
+
+async def submit_one_at_a_time(chunking: ChunkingPass, events: Sequence[DocumentSubmitted]) -> None:
+    for event in events:
+        await chunking.on_submitted(event)
+
+
+async def submit_in_batches(chunking: ChunkingPass, events: Sequence[DocumentSubmitted]) -> None:
+    for start in range(0, len(events), 3):
+        await chunking.on_submitted_batch(events[start : start + 3])
 
 
 async def one_at_a_time(handler: Pass, events: Sequence[_PassCompleted]) -> None:
@@ -202,7 +220,7 @@ async def test_batches_build_the_same_graph_as_one_document_at_a_time(
 ) -> None:
     alone, batched = f"{tenant}-alone", f"{tenant}-batched"
     await ingest(batch_settings, graph_db, redis, alone, one_at_a_time)
-    await ingest(batch_settings, graph_db, redis, batched, in_batches)
+    await ingest(batch_settings, graph_db, redis, batched, in_batches, submit_in_batches)
     reference = await dump(graph_db, alone)
     # Not a trivial graph: concepts, topics, COVERS and evidenced relations are all there.
     text = "\n".join(reference)
