@@ -78,6 +78,7 @@ from pml_cli.eval_tools import (
 )
 from pml_cli.local_stack import running_system
 from pml_cli.metrics import TOOL_METRICS
+from pml_cli.phases import phase
 from pml_common.events import ExecutionCompleted, ExecutionStep
 from pml_common.input_rules import MAX_ID_CHARS
 from pml_common.model_registry import ModelRegistry
@@ -193,7 +194,7 @@ def intent_vectors(
     settings: Settings, queries: Sequence[ToolQuery], console: Console
 ) -> dict[str, np.ndarray]:
     """Query id → the embedding of its intent, by the system's embedder."""
-    with console.status(f"embedding {len(queries)} intents for knn…"):
+    with phase(console, f"embedding {len(queries)} intents for knn"):
         matrix = embed_intents(settings, [q.query for q in queries])
     return {q.id: matrix[i] for i, q in enumerate(queries)}
 
@@ -229,9 +230,9 @@ def learn_from(
     orders = capability_orders(train) if ordered else None
     register_capabilities(settings, tenant, capabilities, orders)
     events = training_events(tenant, train, capabilities, chain=ordered)
-    with console.status(f"{label}: publishing {len(events)} executions…"):
+    with phase(console, f"{label}: publishing {len(events)} executions"):
         asyncio.run(client.publish_events(settings, events))
-    with console.status(f"{label}: waiting for the trainer's model…"):
+    with phase(console, f"{label}: waiting for the trainer's model"):
         served = wait_for_model(settings, tenant, len(events))
     verdict = "admitted" if served.admitted else "rejected by the trainer's gate"
     verdict = verdict if served.complete else served.note

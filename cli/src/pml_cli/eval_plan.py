@@ -67,6 +67,7 @@ from pml_cli.eval_runs import methods_of as _methods_of
 from pml_cli.eval_split import SPLIT_SEED, gold_seen, steps_of, train_test_folds
 from pml_cli.eval_tools import eval_tenant
 from pml_cli.local_stack import running_system
+from pml_cli.phases import phase
 from pml_cli.plan_metrics import PLAN_METRICS, PlanMetrics, chain_edges, next_step_cases
 from pml_common.settings import Settings
 
@@ -335,7 +336,7 @@ def chosen_methods(
     """The methods the planner chose for requests naming none, once it has judged the fold's
     training `executions` (or gone `JUDGEMENT_STALL_S` without judging another)."""
     judged, last_change = -1, time.monotonic()
-    with console.status(f"{label}: waiting for the planner to judge {executions} executions…"):
+    with phase(console, f"{label}: waiting for the planner to judge {executions} executions"):
         while True:
             info = client.planner_info(settings, tenant)
             now = info.executions + info.skipped_executions

@@ -53,6 +53,7 @@ from pml_cli.eval_runs import (
 )
 from pml_cli.local_stack import running_system
 from pml_cli.metrics import ToolMetrics
+from pml_cli.phases import phase
 from pml_common.events import ToolSpec
 from pml_common.settings import Settings
 
@@ -84,7 +85,7 @@ def eval_tenant(
     tenant = f"eval-{uuid.uuid4().hex[:12]}"
     prefix = f"{label}: " if label else ""
     with client.scratch_tenants(settings, console, tenant, timeout=120):
-        with console.status(f"{prefix}registering {len(tools)} tools…"):
+        with phase(console, f"{prefix}registering {len(tools)} tools"):
             # Registering again is harmless: unchanged tools are counted, not stored twice.
             retry_unavailable(lambda: client.register_tools(settings, tenant, tools))
         yield tenant
