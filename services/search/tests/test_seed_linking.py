@@ -55,6 +55,10 @@ NAMES = NameIndex(
         NameRow("film director", "film directors", CONCEPT_TYPE),
         NameRow("spiderman", "Spiderman", "PERSON"),
         NameRow("river", "river", CONCEPT_TYPE),
+        NameRow("frozen 2013 film", "Frozen (2013 film)", TOPIC_TYPE),
+        NameRow("frozen", "frozen", CONCEPT_TYPE),
+        NameRow("monster truck film", "Monster Trucks (film)", TOPIC_TYPE),
+        NameRow("monster truck", "monster trucks", CONCEPT_TYPE),
     ]
 )
 
@@ -71,6 +75,19 @@ def test_an_exact_key_is_linked_with_the_words_that_name_it() -> None:
 
 def test_a_name_written_with_other_spacing_is_linked_by_alias() -> None:
     assert links_of("Who drew Spider-Man?")["spiderman"] == (ALIAS, "Spider-Man", False)
+
+
+def test_a_title_is_linked_without_its_disambiguation_besides_the_key() -> None:
+    # a named span: its own key and the article whose title it is
+    links = links_of("Who sang in Frozen?")
+    assert links["frozen"] == (EXACT, "Frozen", False)
+    assert links["frozen 2013 film"] == (ALIAS, "Frozen", False)
+    # the question may write a title in lower case: titles are linked from any span
+    links = links_of("Where are the monster trucks set?")
+    assert links["monster truck film"] == (ALIAS, "monster trucks", False)
+    assert links["monster truck"] == (EXACT, "monster trucks", False)
+    # but only titles: a concept's name is no alias of a lower-case span
+    assert "spiderman" not in links_of("Who drew spider-man?")
 
 
 def test_a_name_that_is_not_a_key_is_linked_to_the_nearest_names() -> None:

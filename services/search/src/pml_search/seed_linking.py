@@ -12,7 +12,8 @@ graph, `pml_search.propagation`):
   and "Spiderman" share the alias "spiderman" written without spaces). A title's alias also
   drops its disambiguation: a question names "Frozen", whose article is "Frozen (2013 film)"
   (HotpotQA's titles are such). A named span is linked to every key it names so, besides its
-  own key.
+  own key; any other span only to titles (a question may write "the monster trucks" for the
+  film "Monster Trucks (film)").
 - `FUZZY`: a named span of the question (a run of capitalised words, "Tikhaya Sosna") whose
   key is no concept is compared with every concept name by the cosine of their character
   trigrams weighted by inverse frequency (scipy.sparse, a few sparse rows per question); the
@@ -136,6 +137,8 @@ class NameIndex:
 
     def __init__(self, rows: Iterable[NameRow]) -> None:
         self.types: dict[str, str] = {}
+        #: keys that are topics: the titles a lower-case span may name by alias
+        self.titles: set[str] = set()
         names: dict[str, list[str]] = defaultdict(list)
         for row in rows:
             if not row.key:
@@ -144,6 +147,8 @@ class NameIndex:
             if self.types.get(row.key, TOPIC_TYPE) == TOPIC_TYPE:
                 self.types[row.key] = row.entity_type
             names[row.key].append(row.name)
+            if row.entity_type == TOPIC_TYPE:
+                self.titles.add(row.key)
         self.keys = sorted(self.types)
         #: alias form -> the keys whose names have it (a name can be ambiguous: "Frozen").
         self.aliases: dict[str, list[str]] = defaultdict(list)
@@ -213,7 +218,7 @@ class NameIndex:
                 if _is_entity(link.entity_type):
                     entities.append((link.start, link.end))
         # Every span that neither starts nor ends with a function word, by its key (the
-        # n-grams of `ngram_keys`, with their place in the question).
+        # n-grams of `ngram_keys`, with their place in the question), and the titles it names.
         keyed = [bool(canonical_key(t.text)) for t in tokens]
         for start in range(len(tokens)):
             for end in range(start + 1, min(len(tokens), start + MAX_SPAN_WORDS) + 1):
@@ -223,6 +228,12 @@ class NameIndex:
                 key = canonical_key(text)
                 if key in self.types:
                     found.append(Link(key, EXACT, 1.0, text, start, end, self.types[key]))
+                found += [
+                    Link(t, ALIAS, 1.0, text, start, end, self.types[t])
+                    for form in _alias_forms(text)
+                    for t in self.aliases.get(form, ())
+                    if t != key and t in self.titles
+                ]
         linked = _strongest(_mark_inside(found, entities))
         return _mark_common(linked, tokens) if entities else linked
 
