@@ -300,6 +300,9 @@ CALL (doc) {
   WITH DISTINCT a
   MATCH (a)-[:MENTIONED_IN]->(t:SectionContext)<-[:MENTIONED_IN]-(b:CanonicalConcept)
   WHERE b <> a
+  // sections in reading order, so the ones kept below $max_sections (the evidence) do not
+  // depend on the order the store happens to return them in
+  WITH a, b, t ORDER BY t.document_id, t.ordinal, t.context_id
   WITH a, b, collect(t) AS shared
   WHERE size(shared) >= $min_sections AND any(x IN shared WHERE x.document_id = doc)
   RETURN a.canonical_name AS a_key, a.name AS a_name, b.canonical_name AS b_key,
