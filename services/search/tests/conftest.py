@@ -9,7 +9,13 @@ import grpc
 import pytest
 
 from pml.v1 import search_pb2_grpc
+from pml_common.embedding import build_passage_embedder
 from pml_common.settings import Settings
+from pml_search.chunk_index import ChunkIndex
+from pml_search.gds import GdsPaths
+from pml_search.knowledge import KnowledgeEngine
+from pml_search.knowledge_reads import KnowledgeReads
+from pml_search.vector_store import QdrantVectorStore
 
 if TYPE_CHECKING:
     from pml_search.main import SearchApp
@@ -29,3 +35,14 @@ async def app(settings: Settings) -> AsyncIterator[SearchApp]:
 async def stub(app: SearchApp) -> AsyncIterator[search_pb2_grpc.SearchServiceStub]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as channel:
         yield search_pb2_grpc.SearchServiceStub(channel)
+
+
+@pytest.fixture
+async def engine(settings: Settings, redis, graph_db) -> AsyncIterator[KnowledgeEngine]:
+    """Ask's engine on the suite's stores and the embedded vector store."""
+    store = QdrantVectorStore.from_settings(settings)
+    chunks = ChunkIndex(store, build_passage_embedder(settings, redis))
+    await chunks.start()
+    reads = KnowledgeReads(graph_db, settings.neo4j_database)
+    yield KnowledgeEngine(reads, GdsPaths(reads.read, "test"), chunks)
+    await store.close()

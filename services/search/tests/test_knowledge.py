@@ -9,7 +9,7 @@ tests/e2e/test_knowledge.py.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,16 +20,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from pml_common.concepts import canonical_key
 from pml_common.context_id import make_context_id
-from pml_common.embedding import build_passage_embedder
 from pml_common.events import ChunkPayload
 from pml_common.settings import Settings
 from pml_common.telemetry import setup_telemetry
 from pml_search.chunk_index import ChunkIndex
 from pml_search.gds import GdsPaths
 from pml_search.knowledge import CYPHER, GDS_YEN, KnowledgeEngine, invariant_violations
-from pml_search.knowledge_reads import KnowledgeReads
 from pml_search.paths import Mode
-from pml_search.vector_store import QdrantVectorStore
 
 QUESTION = (
     "What is the process of transformation of a commercial proposal into an executable contract?"
@@ -277,16 +274,6 @@ class RecordedGds:
         if "gds.shortestPath.yens.stream" in query:
             return self.rows
         return []
-
-
-@pytest.fixture
-async def engine(settings: Settings, redis, graph_db) -> AsyncIterator[KnowledgeEngine]:
-    store = QdrantVectorStore.from_settings(settings)
-    chunks = ChunkIndex(store, build_passage_embedder(settings, redis))
-    await chunks.start()
-    reads = KnowledgeReads(graph_db, settings.neo4j_database)
-    yield KnowledgeEngine(reads, GdsPaths(reads.read, "test"), chunks)
-    await store.close()
 
 
 @pytest.fixture

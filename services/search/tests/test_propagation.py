@@ -11,7 +11,6 @@ the journal's section to the society's.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,9 +20,7 @@ import pytest
 
 from pml_common.concepts import canonical_key
 from pml_common.context_id import make_context_id
-from pml_common.embedding import build_passage_embedder
 from pml_common.events import ChunkPayload, Pass1Completed
-from pml_common.settings import Settings
 from pml_search.chunk_index import ChunkIndex
 from pml_search.evidence_plan import SUBSUMED_FACTOR, Seed
 from pml_search.gds import PAGERANK_PROCEDURE, GdsPageRank, GdsPaths, graph_name
@@ -52,7 +49,6 @@ from pml_search.propagation import (
     restart_vector,
     restart_weights,
 )
-from pml_search.vector_store import QdrantVectorStore
 
 # --- the walk on a small graph ---------------------------------------------------------------
 
@@ -237,16 +233,6 @@ async def index(chunks: ChunkIndex, tenant: str) -> None:
             char_end=len(doc.text),
         )
         await chunks.index_document(tenant, doc.doc_id, [chunk])
-
-
-@pytest.fixture
-async def engine(settings: Settings, redis, graph_db) -> AsyncIterator[KnowledgeEngine]:
-    store = QdrantVectorStore.from_settings(settings)
-    chunks = ChunkIndex(store, build_passage_embedder(settings, redis))
-    await chunks.start()
-    reads = KnowledgeReads(graph_db, settings.neo4j_database)
-    yield KnowledgeEngine(reads, GdsPaths(reads.read, "test"), chunks)
-    await store.close()
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ section, and a rare common word inside a named entity does not pull the walk awa
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import neo4j
@@ -15,15 +14,12 @@ import pytest
 from pml.v1 import knowledge_pb2
 from pml_common.concepts import canonical_key
 from pml_common.context_id import make_context_id
-from pml_common.embedding import build_passage_embedder
 from pml_common.events import ChunkPayload, Pass1Completed
-from pml_common.settings import Settings
 from pml_search.chunk_index import ChunkIndex
 from pml_search.evidence_plan import seeds_of
-from pml_search.gds import GdsPaths
 from pml_search.knowledge import KnowledgeEngine, invariant_violations
 from pml_search.knowledge_consumers import KnowledgeConsumers
-from pml_search.knowledge_reads import ConceptRow, KnowledgeReads
+from pml_search.knowledge_reads import ConceptRow
 from pml_search.knowledge_service import answer_proto
 from pml_search.propagation import restart_weights
 from pml_search.seed_linking import (
@@ -38,7 +34,6 @@ from pml_search.seed_linking import (
     NameIndex,
     NameRow,
 )
-from pml_search.vector_store import QdrantVectorStore
 
 # --- the index alone ------------------------------------------------------------------------
 
@@ -261,16 +256,6 @@ async def index(chunks: ChunkIndex, tenant: str, docs: tuple[Doc, ...]) -> None:
             char_end=len(doc.text),
         )
         await chunks.index_document(tenant, doc.doc_id, [chunk])
-
-
-@pytest.fixture
-async def engine(settings: Settings, redis, graph_db) -> AsyncIterator[KnowledgeEngine]:
-    store = QdrantVectorStore.from_settings(settings)
-    chunks = ChunkIndex(store, build_passage_embedder(settings, redis))
-    await chunks.start()
-    reads = KnowledgeReads(graph_db, settings.neo4j_database)
-    yield KnowledgeEngine(reads, GdsPaths(reads.read, "test"), chunks)
-    await store.close()
 
 
 async def planted(engine: KnowledgeEngine, driver: neo4j.AsyncDriver, tenant: str, docs) -> str:  # type: ignore[no-untyped-def]
