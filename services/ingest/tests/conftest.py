@@ -19,6 +19,7 @@ from pml_common.events import (
 )
 from pml_common.latest_wins import LatestWins
 from pml_common.settings import Settings
+from pml_common.telemetry import inject_trace
 from pml_ingest.extraction import ConceptExtractor
 from pml_ingest.graph_store import GraphStore
 from pml_ingest.passes import (
@@ -36,12 +37,13 @@ _EXTRACTOR = ConceptExtractor()  # spaCy pipelines load once for the whole sessi
 
 @dataclass
 class Recorder:
-    """A publisher that keeps what the passes publish."""
+    """A publisher that keeps what the passes publish, each event carrying the trace it was
+    published in (as the bus's `publish` stamps it)."""
 
     events: list[Event] = field(default_factory=list)
 
     async def publish(self, event: Event) -> str:
-        self.events.append(event)
+        self.events.append(event.model_copy(update={"trace": inject_trace()}))
         return str(len(self.events))
 
     def of(self, kind: type[Event]) -> list[Event]:

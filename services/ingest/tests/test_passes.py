@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import neo4j
+from opentelemetry import trace
+from opentelemetry.context import Context
 
 from pml_common.context_id import make_context_id
 from pml_common.events import (
@@ -12,10 +14,14 @@ from pml_common.events import (
     ChunksExtracted,
     DocumentDeleted,
     DocumentSubmitted,
+    Event,
+    Pass1Completed,
     Pass3Completed,
     TenantDeleted,
 )
 from pml_common.knowledge_graph import SEMANTIC_RELATION_TYPES
+from pml_common.settings import Settings
+from pml_common.telemetry import extract_trace, inject_trace, setup_telemetry
 
 SALES = """# Sales Process
 
@@ -88,6 +94,40 @@ async def test_chunking_writes_sections_with_the_chunks_context_ids(pipeline, te
     assert done.content_hash
     status = await pipeline.status.get(tenant, "sales")
     assert status is not None and status.passes[0].state == "done"
+
+
+def _trace_id(event: Event) -> int:
+    return trace.get_current_span(extract_trace(event.trace)).get_span_context().trace_id
+
+
+async def test_a_batch_publishes_each_documents_next_events_in_that_documents_trace(
+    pipeline, tenant
+):
+    setup_telemetry("pml-ingest-test", Settings())
+    tracer = trace.get_tracer(__name__)
+    submissions = []
+    for doc, text in (("sales", SALES), ("digital", TRANSFORMATION)):
+        with tracer.start_as_current_span(f"submit {doc}"):
+            event = submitted(tenant, doc, text)
+            submissions.append(event.model_copy(update={"trace": inject_trace()}))
+    trace_of = {e.document_id: _trace_id(e) for e in submissions}
+    assert len(set(trace_of.values())) == 2 and 0 not in trace_of.values()
+
+    # The bus runs a batch handler in a span of a new trace (linked to each event's).
+    with tracer.start_as_current_span("consume batch", context=Context()) as batch:
+        await pipeline.chunking.on_submitted_batch(submissions)
+    chunked = pipeline.recorder.of(ChunkingCompleted)
+    with tracer.start_as_current_span("consume batch", context=Context()):
+        await pipeline.pass1.handle_batch(chunked)
+
+    published = [
+        *chunked,
+        *pipeline.recorder.of(ChunksExtracted),
+        *pipeline.recorder.of(Pass1Completed),
+    ]
+    assert len(published) == 6
+    for event in published:
+        assert _trace_id(event) == trace_of[event.document_id] != batch.get_span_context().trace_id
 
 
 async def test_all_passes_build_the_graph_with_evidence(pipeline, tenant, graph_db):

@@ -7,18 +7,20 @@ where they are measured, with `opentelemetry.metrics.get_meter`: the API hands o
 until the provider is installed, so module-level instruments work. `configure_logging` makes
 every log line a structlog event carrying `trace_id`/`span_id` when it is emitted inside a
 span, so logs and traces join up in the UI.
-`inject_trace`/`extract_trace` carry the W3C context across Redis streams (`Event.trace`).
+`inject_trace`/`extract_trace` carry the W3C context across Redis streams (`Event.trace`);
+`in_trace_of` keeps what a batch handler publishes in the trace of the event it is for.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 from typing import Any, TextIO
 
 import structlog
-from opentelemetry import metrics, propagate, trace
+from opentelemetry import context, metrics, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
@@ -94,6 +96,24 @@ def inject_trace() -> dict[str, str]:
 def extract_trace(carrier: Mapping[str, str]) -> Context:
     """A context whose current span is the remote parent described by `carrier`."""
     return propagate.extract(dict(carrier))
+
+
+@contextmanager
+def in_trace_of(carrier: Mapping[str, str]) -> Iterator[None]:
+    """Make the remote span `carrier` describes current, unless the current span is already in
+    its trace. A batch handler works in a span of its own trace (linked to each event's), so
+    what it publishes for one of the batch's events would leave that event's trace: published
+    inside this, it continues it, and one document stays one trace through batched passes."""
+    remote = trace.get_current_span(extract_trace(carrier)).get_span_context()
+    current = trace.get_current_span().get_span_context()
+    if not remote.is_valid or (current.is_valid and current.trace_id == remote.trace_id):
+        yield
+        return
+    token = context.attach(extract_trace(carrier))
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 def _add_trace_ids(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:

@@ -47,6 +47,7 @@ from pml_common.events import (
 )
 from pml_common.latest_wins import LatestWins
 from pml_common.settings import Settings
+from pml_common.telemetry import in_trace_of
 from pml_ingest.chunker import Section, chunk_document
 from pml_ingest.classification import fine_type
 from pml_ingest.documents import PoisonDocument, content_hash, text_problem
@@ -152,11 +153,13 @@ class Pass:
                 await self.rt.status.mark_many(tenant, hashes, self.name, FAILED, error)
                 raise
         await self.rt.status.mark_many(tenant, hashes, self.name, DONE)
+        carried = {e.document_id: e.trace for e in events}
         for d in docs:
             done = self.produces.create(
                 tenant_id=tenant, document_id=d.id, content_hash=d.content_hash
             )
-            await self.rt.publisher.publish(done)
+            with in_trace_of(carried[d.id]):
+                await self.rt.publisher.publish(done)
         log.info("ingest.pass_done", pass_name=self.name, tenant=tenant, documents=len(docs))
 
     async def _current(self, tenant: str, events: Sequence[_PassCompleted]) -> list[Doc]:
@@ -253,9 +256,14 @@ class ChunkingPass:
                 await self.rt.status.mark_many(tenant, hashes, self.name, FAILED, error)
                 raise
         await self.rt.status.mark_many(tenant, hashes, self.name, DONE)
-        for doc, chash in hashes:
-            done = ChunkingCompleted.create(tenant_id=tenant, document_id=doc, content_hash=chash)
-            await self.rt.publisher.publish(done)
+        for submission in todo:
+            done = ChunkingCompleted.create(
+                tenant_id=tenant,
+                document_id=submission.event.document_id,
+                content_hash=submission.content_hash,
+            )
+            with in_trace_of(submission.event.trace):
+                await self.rt.publisher.publish(done)
 
     async def _unchanged(self, tenant: str, doc: str, chash: str) -> None:
         """The same content again: the graph already holds it, every pass is done."""
@@ -285,14 +293,14 @@ class ChunkingPass:
                     await self.rt.pause_after_first_write(self.name, group[0].doc)
             first = False
         for item in chunked:
-            await self.rt.publisher.publish(
-                ChunksExtracted.create(
-                    tenant_id=tenant,
-                    document_id=item.doc,
-                    chunks=_flatten_chunks(item.sections),
-                    submitted_at=item.submission.event.occurred_at,
-                )
+            extracted = ChunksExtracted.create(
+                tenant_id=tenant,
+                document_id=item.doc,
+                chunks=_flatten_chunks(item.sections),
+                submitted_at=item.submission.event.occurred_at,
             )
+            with in_trace_of(item.submission.event.trace):
+                await self.rt.publisher.publish(extracted)
         # Last: until this is set, a redelivery redoes the whole pass.
         hashes = [(item.doc, item.submission.content_hash) for item in chunked]
         await store.mark_chunked(tenant, hashes)
