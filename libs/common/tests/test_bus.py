@@ -1,11 +1,12 @@
-"""EventBus against a real Redis: delivery, groups, dedupe, dead letters, retries, reclaiming."""
+"""EventBus against a real Redis: delivery, groups, dedupe, dead letters, retries, reclaiming, and
+subscribe_batch (one call per read batch; a failing event handled alone)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 import redis.asyncio as aioredis
@@ -58,11 +59,14 @@ async def dead_letters_of(
     return found
 
 
-@pytest.fixture
-async def redis_client(settings: Settings) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(settings.redis_url)
-    yield client
-    await client.aclose()
+async def publish_all(
+    settings: Settings, redis: aioredis.Redis, group: str, events: list[ExecutionCompleted]
+) -> list[str]:
+    """The group made at the stream's end, then the events published before any consumer
+    runs: one read takes them all, and none of other tests' entries."""
+    await redis.xgroup_create(ExecutionCompleted.STREAM, group, id="$", mkstream=True)
+    async with EventBus(settings, "test-publisher") as publisher:
+        return [await publisher.publish(e) for e in events]
 
 
 def recorder(
@@ -94,12 +98,12 @@ async def test_publish_then_consume(settings: Settings, tenant: str) -> None:
 
 
 async def test_entry_holds_event_json_and_is_capped(
-    settings: Settings, tenant: str, redis_client: aioredis.Redis
+    settings: Settings, tenant: str, redis: aioredis.Redis
 ) -> None:
     async with EventBus(settings, "test") as bus:
         sent = execution(tenant)
         entry_id = await bus.publish(sent)
-    rows = await redis_client.xrange(STREAM, min=entry_id, max=entry_id)
+    rows = await redis.xrange(STREAM, min=entry_id, max=entry_id)
     body = json.loads(rows[0][1][EVENT_FIELD.encode()])
     assert body["event_id"] == sent.event_id
     assert body["type"] == "ExecutionCompleted"
@@ -175,7 +179,7 @@ async def test_without_dedupe_every_delivery_is_handled(settings: Settings, tena
 
 
 async def test_rejected_payloads_are_dead_lettered_and_consuming_goes_on(
-    settings: Settings, tenant: str, redis_client: aioredis.Redis
+    settings: Settings, tenant: str, redis: aioredis.Redis
 ) -> None:
     seen, handle = recorder(tenant)
     group = group_name()
@@ -195,14 +199,14 @@ async def test_rejected_payloads_are_dead_lettered_and_consuming_goes_on(
     bus.subscribe(ExecutionCompleted, group, handle)
     async with bus:
         entry_ids = [
-            (await redis_client.xadd(STREAM, {EVENT_FIELD: payload})).decode()
+            (await redis.xadd(STREAM, {EVENT_FIELD: payload})).decode()
             for payload in bad_payloads.values()
         ]
-        entry_ids.append((await redis_client.xadd(STREAM, {"something": "else"})).decode())
+        entry_ids.append((await redis.xadd(STREAM, {"something": "else"})).decode())
         await bus.publish(good)
         await eventually(lambda: [e.event_id for e in seen] == [good.event_id])
         letters = await dead_letters_of(bus, group, set(entry_ids))
-        pending = await redis_client.xpending(STREAM, group)
+        pending = await redis.xpending(STREAM, group)
     assert [d.entry_id for d in letters] == entry_ids
     reasons = [d.reason for d in letters]
     assert "payload is not JSON" in reasons[0]
@@ -219,7 +223,7 @@ async def test_rejected_payloads_are_dead_lettered_and_consuming_goes_on(
 
 
 async def test_failing_handler_is_retried_then_dead_lettered(
-    settings: Settings, tenant: str, redis_client: aioredis.Redis
+    settings: Settings, tenant: str, redis: aioredis.Redis
 ) -> None:
     settings = settings.model_copy(update={"max_deliveries": 3, "reclaim_idle_ms": 300})
     group = group_name()
@@ -244,7 +248,7 @@ async def test_failing_handler_is_retried_then_dead_lettered(
         await eventually(lambda: handled == [fine.event_id])
         letters = await dead_letters_of(bus, group, {poison_entry}, within=15)
         await asyncio.sleep(1.0)  # no further attempt after dead-lettering
-        pending = await redis_client.xpending(STREAM, group)
+        pending = await redis.xpending(STREAM, group)
     assert attempts == [poison.event_id] * 3
     assert letters[0].event_id == poison.event_id
     assert "RuntimeError: boom #3" in letters[0].reason
@@ -280,16 +284,16 @@ async def test_handler_recovering_on_retry_is_handled_once(settings: Settings, t
 
 
 async def test_entries_of_a_dead_consumer_are_reclaimed_once(
-    settings: Settings, tenant: str, redis_client: aioredis.Redis
+    settings: Settings, tenant: str, redis: aioredis.Redis
 ) -> None:
     group = group_name()
-    await redis_client.xgroup_create(STREAM, group, id="$", mkstream=True)
+    await redis.xgroup_create(STREAM, group, id="$", mkstream=True)
     async with EventBus(settings, "publisher") as publisher:
         sent = [execution(tenant, intent=f"lost {i}") for i in range(5)]
         for event in sent:
             await publisher.publish(event)
     # A consumer reads the entries and dies before acknowledging them.
-    read = await redis_client.xreadgroup(group, "dead-consumer", {STREAM: ">"}, count=100)
+    read = await redis.xreadgroup(group, "dead-consumer", {STREAM: ">"}, count=100)
     assert len(read[0][1]) == 5
     counts: dict[str, int] = {}
 
@@ -302,13 +306,13 @@ async def test_entries_of_a_dead_consumer_are_reclaimed_once(
     async with bus:
         await eventually(lambda: len(counts) == 5, within=15)
         await asyncio.sleep(settings.reclaim_idle_ms / 1000 * 2)
-        pending = await redis_client.xpending(STREAM, group)
+        pending = await redis.xpending(STREAM, group)
     assert counts == {e.event_id: 1 for e in sent}
     assert pending["pending"] == 0
 
 
 async def test_bus_recovers_after_redis_is_flushed(
-    settings: Settings, tenant: str, redis_client: aioredis.Redis
+    settings: Settings, tenant: str, redis: aioredis.Redis
 ) -> None:
     seen, handle = recorder(tenant)
     bus = EventBus(settings, "test")
@@ -317,7 +321,7 @@ async def test_bus_recovers_after_redis_is_flushed(
         first = execution(tenant, intent="before")
         await bus.publish(first)
         await eventually(lambda: len(seen) == 1)
-        await redis_client.flushall()
+        await redis.flushall()
         await asyncio.sleep(1.0)
         after = execution(tenant, intent="after")
         await bus.publish(after)
@@ -338,18 +342,18 @@ async def test_subscribe_after_start_is_refused(settings: Settings, tenant: str)
 
 
 async def test_entry_that_keeps_killing_consumers_is_dead_lettered(
-    settings: Settings, tenant: str, redis_client: aioredis.Redis
+    settings: Settings, tenant: str, redis: aioredis.Redis
 ) -> None:
     """An entry delivered more than max_deliveries times with no verdict (every consumer that
     took it died) is dead-lettered when reclaimed instead of being handed to the handler."""
     settings = settings.model_copy(update={"max_deliveries": 2, "reclaim_idle_ms": 200})
     group = group_name()
-    await redis_client.xgroup_create(STREAM, group, id="$", mkstream=True)
+    await redis.xgroup_create(STREAM, group, id="$", mkstream=True)
     async with EventBus(settings, "publisher") as publisher:
         poison = execution(tenant, intent="kills consumers")
         entry_id = await publisher.publish(poison)
-    await redis_client.xreadgroup(group, "dead-1", {STREAM: ">"}, count=100)
-    await redis_client.xclaim(STREAM, group, "dead-2", 0, [entry_id])  # second delivery
+    await redis.xreadgroup(group, "dead-1", {STREAM: ">"}, count=100)
+    await redis.xclaim(STREAM, group, "dead-2", 0, [entry_id])  # second delivery
     handled: list[str] = []
 
     async def handle(event: ExecutionCompleted) -> None:
@@ -360,7 +364,7 @@ async def test_entry_that_keeps_killing_consumers_is_dead_lettered(
     bus.subscribe(ExecutionCompleted, group, handle)
     async with bus:
         letters = await dead_letters_of(bus, group, {entry_id})
-        pending = await redis_client.xpending(STREAM, group)
+        pending = await redis.xpending(STREAM, group)
     assert handled == []
     assert letters[0].event_id == poison.event_id
     assert "delivered 3 times without being handled" in letters[0].reason
@@ -368,10 +372,10 @@ async def test_entry_that_keeps_killing_consumers_is_dead_lettered(
 
 
 async def test_bus_logs_in_with_the_configured_redis_user(
-    settings: Settings, tenant: str, redis_client: aioredis.Redis
+    settings: Settings, tenant: str, redis: aioredis.Redis
 ) -> None:
     user, password = f"pml-{tenant}", uuid.uuid4().hex
-    await redis_client.acl_setuser(
+    await redis.acl_setuser(
         user,
         enabled=True,
         passwords=[f"+{password}"],
@@ -389,7 +393,7 @@ async def test_bus_logs_in_with_the_configured_redis_user(
         async with bus:
             await bus.publish(execution(tenant))
             await eventually(lambda: len(seen) == 1)
-            clients = await redis_client.client_list()
+            clients = await redis.client_list()
             # The bus's own client and its broker's connections both logged in as the user.
             assert sum(1 for c in clients if c.get("user") == user) >= 2
         wrong = Settings(
@@ -399,15 +403,15 @@ async def test_bus_logs_in_with_the_configured_redis_user(
             async with EventBus(wrong, "test") as refused:
                 await refused.publish(execution(tenant))
     finally:
-        await redis_client.acl_deluser(user)
+        await redis.acl_deluser(user)
 
 
 async def test_duplicates_within_one_batch_are_handled_once_in_stream_order(
-    settings: Settings, tenant: str, redis_client: aioredis.Redis
+    settings: Settings, tenant: str, redis: aioredis.Redis
 ) -> None:
     seen, handle = recorder(tenant)
     group = group_name()
-    await redis_client.xgroup_create(STREAM, group, id="$", mkstream=True)
+    await redis.xgroup_create(STREAM, group, id="$", mkstream=True)
     first, second = execution(tenant, intent="first"), execution(tenant, intent="second")
     async with EventBus(settings, "publisher") as publisher:
         # Published before the consumer starts, so that one read returns them all.
@@ -418,19 +422,19 @@ async def test_duplicates_within_one_batch_are_handled_once_in_stream_order(
     async with bus:
         await eventually(lambda: len(seen) >= 2)
         await asyncio.sleep(0.3)  # nothing more arrives
-        pending = await redis_client.xpending(STREAM, group)
+        pending = await redis.xpending(STREAM, group)
     assert [e.intent for e in seen] == ["first", "second"]
     assert pending["pending"] == 0
 
 
 async def test_a_slow_batch_acknowledges_each_entry_once_handled(
-    settings: Settings, tenant: str, redis_client: aioredis.Redis
+    settings: Settings, tenant: str, redis: aioredis.Redis
 ) -> None:
     """Entries of a batch that takes long are acknowledged one by one, not at its end: they are
     idle for the reclaimers of other consumers meanwhile."""
     settings = settings.model_copy(update={"reclaim_idle_ms": 200})
     group = group_name()
-    await redis_client.xgroup_create(STREAM, group, id="$", mkstream=True)
+    await redis.xgroup_create(STREAM, group, id="$", mkstream=True)
     async with EventBus(settings, "publisher") as publisher:
         for i in range(6):
             await publisher.publish(execution(tenant, intent=f"slow {i}"))
@@ -438,7 +442,7 @@ async def test_a_slow_batch_acknowledges_each_entry_once_handled(
 
     async def handle(event: ExecutionCompleted) -> None:
         if event.tenant_id == tenant:
-            pending_seen.append(int((await redis_client.xpending(STREAM, group))["pending"]))
+            pending_seen.append(int((await redis.xpending(STREAM, group))["pending"]))
             await asyncio.sleep(0.1)
 
     bus = EventBus(settings, "test")
@@ -446,7 +450,7 @@ async def test_a_slow_batch_acknowledges_each_entry_once_handled(
     async with bus:
         await eventually(lambda: len(pending_seen) == 6)
         await asyncio.sleep(0.3)
-        pending = await redis_client.xpending(STREAM, group)
+        pending = await redis.xpending(STREAM, group)
     # The first handler starts before anything is written; from the second on, every entry
     # handled before is acknowledged already.
     assert pending_seen == [6, 5, 4, 3, 2, 1]
@@ -454,14 +458,14 @@ async def test_a_slow_batch_acknowledges_each_entry_once_handled(
 
 
 async def test_a_slow_live_consumer_keeps_its_batch_from_other_reclaimers(
-    settings: Settings, tenant: str, redis_client: aioredis.Redis
+    settings: Settings, tenant: str, redis: aioredis.Redis
 ) -> None:
     """Entries waiting behind a slow handler stay with their live consumer (its heartbeat keeps
     them from looking idle): another consumer of the group neither handles nor dead-letters
     them, however long the batch takes."""
     settings = settings.model_copy(update={"reclaim_idle_ms": 300, "max_deliveries": 2})
     group = group_name()
-    await redis_client.xgroup_create(STREAM, group, id="$", mkstream=True)
+    await redis.xgroup_create(STREAM, group, id="$", mkstream=True)
     calls: list[tuple[str, str]] = []
 
     def handler(name: str, pause_s: float) -> Callable[[ExecutionCompleted], Awaitable[None]]:
@@ -484,7 +488,7 @@ async def test_a_slow_live_consumer_keeps_its_batch_from_other_reclaimers(
             await eventually(lambda: len(calls) == 3, within=15)
             await asyncio.sleep(1.5)  # the last handler ends; nothing was taken over
             letters = [d for d in await slow.dead_letters(1000) if d.entry_id in entry_ids]
-            pending = await redis_client.xpending(STREAM, group)
+            pending = await redis.xpending(STREAM, group)
     assert calls == [("slow", "1"), ("slow", "2"), ("slow", "3")]
     assert letters == []
     assert pending["pending"] == 0
@@ -494,7 +498,7 @@ async def test_a_slow_live_consumer_keeps_its_batch_from_other_reclaimers(
 
 
 async def test_deeply_nested_entry_is_dead_lettered_without_holding_back_its_batch(
-    settings: Settings, tenant: str, redis_client: aioredis.Redis
+    settings: Settings, tenant: str, redis: aioredis.Redis
 ) -> None:
     """JSON nested 5,000 levels made the decoder raise RecursionError, which escaped the bus:
     the entry was redelivered forever and the valid events of its batch were held back."""
@@ -506,17 +510,17 @@ async def test_deeply_nested_entry_is_dead_lettered_without_holding_back_its_bat
     before, after = execution(tenant, intent="before"), execution(tenant, intent="after")
     # The poison entry between two valid ones, all in the stream before the group reads them,
     # so that they come in one batch.
-    await redis_client.xgroup_create(STREAM, group, id="$", mkstream=True)
+    await redis.xgroup_create(STREAM, group, id="$", mkstream=True)
     async with EventBus(settings, "publisher") as publisher:
         await publisher.publish(before)
-        poison_entry = (await redis_client.xadd(STREAM, {EVENT_FIELD: poison})).decode()
+        poison_entry = (await redis.xadd(STREAM, {EVENT_FIELD: poison})).decode()
         await publisher.publish(after)
     bus = EventBus(settings.model_copy(update={"reclaim_idle_ms": 300}), "test")
     bus.subscribe(ExecutionCompleted, group, handle)
     async with bus:
         await eventually(lambda: len(seen) == 2)
         letters = await dead_letters_of(bus, group, {poison_entry})
-        pending = await redis_client.xpending(STREAM, group)
+        pending = await redis.xpending(STREAM, group)
     assert [e.intent for e in seen] == ["before", "after"]
     assert "nested too deeply" in letters[0].reason
     assert letters[0].event_id == valid["event_id"]
@@ -524,13 +528,13 @@ async def test_deeply_nested_entry_is_dead_lettered_without_holding_back_its_bat
 
 
 async def test_any_decoding_failure_dead_letters_the_entry_with_its_reason(
-    settings: Settings, tenant: str, redis_client: aioredis.Redis
+    settings: Settings, tenant: str, redis: aioredis.Redis
 ) -> None:
     """Whatever the exception (here, injected: decoding itself raises), the entry is
     dead-lettered with it instead of failing its batch on every redelivery."""
     settings = settings.model_copy(update={"max_deliveries": 2, "reclaim_idle_ms": 300})
     group = group_name()
-    await redis_client.xgroup_create(STREAM, group, id="$", mkstream=True)
+    await redis.xgroup_create(STREAM, group, id="$", mkstream=True)
     bus = EventBus(settings, "test")
     bus.subscribe(ExecutionCompleted, group, recorder(tenant)[1])
 
@@ -541,19 +545,19 @@ async def test_any_decoding_failure_dead_letters_the_entry_with_its_reason(
     async with bus:
         entry = await bus.publish(execution(tenant))
         letters = await dead_letters_of(bus, group, {entry}, within=15)
-        pending = await redis_client.xpending_range(STREAM, group, min=entry, max=entry, count=1)
+        pending = await redis.xpending_range(STREAM, group, min=entry, max=entry, count=1)
     assert "RuntimeError: a decoding bug" in letters[0].reason
     assert pending == []
 
 
 async def test_a_batch_that_always_fails_is_dead_lettered_at_the_delivery_limit(
-    settings: Settings, tenant: str, redis_client: aioredis.Redis
+    settings: Settings, tenant: str, redis: aioredis.Redis
 ) -> None:
     """Whatever fails for a whole batch before its handlers (here, injected: the dedupe lookup),
     the reclaimer stops redelivering an entry once it reached the delivery limit."""
     settings = settings.model_copy(update={"max_deliveries": 2, "reclaim_idle_ms": 300})
     group = group_name()
-    await redis_client.xgroup_create(STREAM, group, id="$", mkstream=True)
+    await redis.xgroup_create(STREAM, group, id="$", mkstream=True)
     bus = EventBus(settings, "test")
     bus.subscribe(ExecutionCompleted, group, recorder(tenant)[1])
 
@@ -564,7 +568,7 @@ async def test_a_batch_that_always_fails_is_dead_lettered_at_the_delivery_limit(
     async with bus:
         entry = await bus.publish(execution(tenant))
         letters = await dead_letters_of(bus, group, {entry}, within=15)
-        pending = await redis_client.xpending_range(STREAM, group, min=entry, max=entry, count=1)
+        pending = await redis.xpending_range(STREAM, group, min=entry, max=entry, count=1)
     assert "delivered 3 times without being handled" in letters[0].reason
     assert pending == []
 
@@ -595,7 +599,7 @@ async def test_the_same_event_id_of_two_tenants_is_handled_for_both(
 
 
 async def test_an_event_without_event_id_is_dead_lettered(
-    settings: Settings, tenant: str, redis_client: aioredis.Redis
+    settings: Settings, tenant: str, redis: aioredis.Redis
 ) -> None:
     """An id made up at each parse would make every redelivery count as a new event."""
     seen, handle = recorder(tenant)
@@ -605,7 +609,7 @@ async def test_an_event_without_event_id_is_dead_lettered(
     bus = EventBus(settings, "test")
     bus.subscribe(ExecutionCompleted, group, handle)
     async with bus:
-        entry = (await redis_client.xadd(STREAM, {EVENT_FIELD: json.dumps(no_id)})).decode()
+        entry = (await redis.xadd(STREAM, {EVENT_FIELD: json.dumps(no_id)})).decode()
         marker = execution(tenant, intent="marker")
         await bus.publish(marker)
         await eventually(lambda: [e.event_id for e in seen] == [marker.event_id])
@@ -626,3 +630,61 @@ async def test_the_bus_talks_to_redis_with_the_stores_retry_policy(settings: Set
     finally:
         await bus.stop()
         await reference.aclose()
+
+
+# --- subscribe_batch: one call per read batch, a failing event handled alone ---------------
+
+
+async def test_a_batch_is_handled_in_one_call_in_stream_order(
+    settings: Settings, tenant: str, redis: aioredis.Redis
+) -> None:
+    sent = [execution(tenant, f"step {i}") for i in range(5)]
+    group = group_name()
+    # The same event twice: the handler sees it once (as the per-event path would).
+    await publish_all(settings, redis, group, [*sent, sent[2]])
+    calls: list[list[str]] = []
+
+    async def handle(events: list[ExecutionCompleted]) -> None:
+        mine = [e.intent for e in events if e.tenant_id == tenant]
+        if mine:
+            calls.append(mine)
+
+    bus = EventBus(settings, "test")
+    bus.subscribe_batch(ExecutionCompleted, group, handle, batch_size=64)
+    async with bus:
+        await eventually(lambda: sum(len(c) for c in calls) >= 5, within=15)
+        await asyncio.sleep(0.3)  # a repeat would be handled by now
+    assert calls == [[e.intent for e in sent]]
+
+
+async def test_a_poison_event_is_dead_lettered_alone_and_the_others_are_handled(
+    settings: Settings, tenant: str, redis: aioredis.Redis
+) -> None:
+    settings = settings.model_copy(update={"max_deliveries": 2, "reclaim_idle_ms": 300})
+    sent = [execution(tenant, "poison" if i == 3 else f"good {i}") for i in range(6)]
+    group = group_name()
+    entry_ids = await publish_all(settings, redis, group, sent)
+    batches: list[int] = []
+    handled: list[str] = []
+
+    async def handle(events: list[ExecutionCompleted]) -> None:
+        mine = [e for e in events if e.tenant_id == tenant]
+        if not mine:
+            return
+        batches.append(len(mine))
+        if any(e.intent == "poison" for e in mine):
+            raise RuntimeError("cannot digest poison")
+        handled.extend(e.intent for e in mine)
+
+    bus = EventBus(settings, "test")
+    bus.subscribe_batch(ExecutionCompleted, group, handle, batch_size=64)
+    async with bus:
+        letters = await dead_letters_of(bus, group, {entry_ids[3]}, within=15)
+        pending = await redis.xpending(ExecutionCompleted.STREAM, group)
+    # Only the poison event was dead-lettered, with its handler's reason; the others were
+    # handled once each, although they shared its batch.
+    assert [d.entry_id for d in letters] == [entry_ids[3]]
+    assert "cannot digest poison" in letters[0].reason
+    assert sorted(handled) == sorted(e.intent for e in sent if e.intent != "poison")
+    assert batches[0] == 6  # first the whole batch in one call, then one event per call
+    assert pending["pending"] == 0
