@@ -11,17 +11,12 @@ the journal's section to the society's.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Any
 
-import neo4j
 import numpy as np
 import pytest
 
-from pml_common.concepts import canonical_key
-from pml_common.context_id import make_context_id
-from pml_common.events import ChunkPayload, Pass1Completed
-from pml_search.chunk_index import ChunkIndex
+from pml_common.events import Pass1Completed
 from pml_search.evidence_plan import SUBSUMED_FACTOR, Seed
 from pml_search.gds import PAGERANK_PROCEDURE, GdsPageRank, GdsPaths, graph_name
 from pml_search.knowledge import (
@@ -49,6 +44,8 @@ from pml_search.propagation import (
     restart_vector,
     restart_weights,
 )
+
+from .planted import Doc, index, plant
 
 # --- the walk on a small graph ---------------------------------------------------------------
 
@@ -138,14 +135,6 @@ def test_a_key_naming_a_concept_and_a_topic_restarts_on_both() -> None:
 # --- the planted two-hop corpus, in the real Neo4j -------------------------------------------
 
 
-@dataclass(frozen=True)
-class Doc:
-    doc_id: str
-    title: str
-    text: str
-    mentions: dict[str, float]  # concept name -> salience
-
-
 QUESTION = "In which year was the association that published the Journal of Psychotherapy "
 QUESTION += "Integration founded?"
 JOURNAL = Doc(
@@ -187,58 +176,10 @@ FILLERS = tuple(
 CORPUS = (JOURNAL, SOCIETY, DISTRACTOR, *FILLERS)
 
 
-def context_of(doc: Doc) -> str:
-    return make_context_id(doc.doc_id, doc.title)
-
-
-async def plant(driver: neo4j.AsyncDriver, tenant: str, docs: tuple[Doc, ...] = CORPUS) -> None:
-    """Each document as one section under the topic of its title, with its mentions."""
-    for doc in docs:
-        topic = canonical_key(doc.title)
-        await driver.execute_query(
-            "MERGE (d:Document {tenant_id: $t, document_id: $doc}) "
-            "SET d.title = $title, d.section_count = 1 "
-            "MERGE (x:Topic {tenant_id: $t, topic_id: $topic}) SET x.name = $title "
-            "MERGE (d)-[h:HAS_TOPIC {tenant_id: $t}]->(x) SET h.salience = 1.0 "
-            "MERGE (s:SectionContext {tenant_id: $t, context_id: $cid}) "
-            "SET s.document_id = $doc, s.section_path = $title, s.text = $text, "
-            "s.topic_ids = [$topic] "
-            "MERGE (s)-[:IN_DOC {tenant_id: $t}]->(d) "
-            "WITH s UNWIND $mentions AS m "
-            "MERGE (c:CanonicalConcept {tenant_id: $t, canonical_name: m[0]}) "
-            "SET c.name = m[1], c.concept_type = 'CONCEPT' "
-            "MERGE (c)-[r:MENTIONED_IN {tenant_id: $t}]->(s) "
-            "SET r.salience = m[2], r.document_id = $doc",
-            {
-                "t": tenant,
-                "doc": doc.doc_id,
-                "title": doc.title,
-                "topic": topic,
-                "cid": context_of(doc),
-                "text": doc.text,
-                "mentions": [[canonical_key(n), n, s] for n, s in doc.mentions.items()],
-            },
-        )
-
-
-async def index(chunks: ChunkIndex, tenant: str) -> None:
-    for doc in CORPUS:
-        cid = context_of(doc)
-        chunk = ChunkPayload(
-            chunk_id=f"{cid}:0",
-            context_id=cid,
-            section_path=doc.title,
-            text=doc.text,
-            char_start=0,
-            char_end=len(doc.text),
-        )
-        await chunks.index_document(tenant, doc.doc_id, [chunk])
-
-
 @pytest.fixture
 async def planted(engine: KnowledgeEngine, graph_db, tenant: str) -> str:
-    await plant(graph_db, tenant)
-    await index(engine.chunks, tenant)
+    await plant(graph_db, tenant, CORPUS)
+    await index(engine.chunks, tenant, CORPUS)
     return tenant
 
 
@@ -249,12 +190,12 @@ async def test_the_walk_ranks_the_bridge_section_above_the_lexical_distractor(
     assert "journal of psychotherapy integration" in {s.key for s in answer.seeds}
     walked, _ = await engine.propagation.sections(planted, answer.seeds, 50)
     ranked = list(walked)
-    assert ranked[0] == context_of(JOURNAL)
-    assert ranked.index(context_of(SOCIETY)) < ranked.index(context_of(DISTRACTOR))
+    assert ranked[0] == JOURNAL.context_id
+    assert ranked.index(SOCIETY.context_id) < ranked.index(DISTRACTOR.context_id)
     # the plan weighs them so, and the bridge is among the evidence (the cosine still prefers
     # the distractor's words: see the next test)
     plan = answer.plan
-    assert plan.weight(context_of(SOCIETY)) > plan.weight(context_of(DISTRACTOR)) > 0
+    assert plan.weight(SOCIETY.context_id) > plan.weight(DISTRACTOR.context_id) > 0
     documents = [c.hit.document_id for c in answer.chunks]
     assert documents[0] == "journal" and "society" in documents, documents
     assert answer.method == GRAPH_PPR and answer.propagation == SCIPY
@@ -295,9 +236,9 @@ async def test_the_graph_is_read_once_until_the_tenant_changes(
     extra = Doc("extra", "Boston", "SEPI met in Boston.", {society: 0.5, "boston": 0.9})
     await plant(graph_db, planted, (extra,))
     again = await propagation.graph(planted)
-    assert again is not first and context_of(extra) in again.sections
+    assert again is not first and extra.context_id in again.sections
     # tenants never share a graph
-    assert context_of(JOURNAL) not in (await propagation.graph(f"{planted}-other")).sections
+    assert JOURNAL.context_id not in (await propagation.graph(f"{planted}-other")).sections
 
 
 async def test_concurrent_questions_share_one_read(engine: KnowledgeEngine, planted: str) -> None:
@@ -341,17 +282,17 @@ class RecordingReader:
 
 async def test_gds_pagerank_rows_become_the_plan(engine: KnowledgeEngine, planted: str) -> None:
     rows = [
-        {"context_id": context_of(JOURNAL), "document_id": "journal", "score": 0.30},
-        {"context_id": context_of(SOCIETY), "document_id": "society", "score": 0.12},
-        {"context_id": context_of(DISTRACTOR), "document_id": "distractor", "score": 0.01},
+        {"context_id": JOURNAL.context_id, "document_id": "journal", "score": 0.30},
+        {"context_id": SOCIETY.context_id, "document_id": "society", "score": 0.12},
+        {"context_id": DISTRACTOR.context_id, "document_id": "distractor", "score": 0.01},
     ]
     reader = RecordingReader(rows)
     engine.gds = GdsPaths(reader, "test")
     engine.gds_pagerank = GdsPageRank(reader, "test")
     answer = await engine.ask(planted, QUESTION, 2, "graph-ppr")
     assert answer.propagation == GDS_PAGERANK
-    assert answer.plan.ordered() == [context_of(d) for d in (JOURNAL, SOCIETY, DISTRACTOR)]
-    assert answer.plan.weights[context_of(JOURNAL)] == 1.0
+    assert answer.plan.ordered() == [d.context_id for d in (JOURNAL, SOCIETY, DISTRACTOR)]
+    assert answer.plan.weights[JOURNAL.context_id] == 1.0
     assert invariant_violations(answer) == []
     query, params = next(c for c in reader.calls if PAGERANK_PROCEDURE in c[0])
     assert params["tenant"] == planted and params["damping"] == DAMPING

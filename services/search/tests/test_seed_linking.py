@@ -6,16 +6,11 @@ section, and a rare common word inside a named entity does not pull the walk awa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import neo4j
 import pytest
 
 from pml.v1 import knowledge_pb2
-from pml_common.concepts import canonical_key
-from pml_common.context_id import make_context_id
-from pml_common.events import ChunkPayload, Pass1Completed
-from pml_search.chunk_index import ChunkIndex
+from pml_common.events import Pass1Completed
 from pml_search.evidence_plan import seeds_of
 from pml_search.knowledge import KnowledgeEngine, invariant_violations
 from pml_search.knowledge_consumers import KnowledgeConsumers
@@ -34,6 +29,8 @@ from pml_search.seed_linking import (
     NameIndex,
     NameRow,
 )
+
+from .planted import Doc, index, plant
 
 # --- the index alone ------------------------------------------------------------------------
 
@@ -160,20 +157,12 @@ def answer_proto_seeds(seeds: list) -> list[knowledge_pb2.SeedConcept]:  # type:
 # --- planted corpora in the real Neo4j ------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Doc:
-    doc_id: str
-    title: str
-    text: str
-    #: concept name -> (salience, NER label; "" for a noun phrase)
-    mentions: dict[str, tuple[float, str]]
-
-
 RIVER = Doc(
     "river",
     "Tikhaya Sosna River",
     "The Tikhaya Sosna River is a left tributary of the Don; it rises near Alexeyevka.",
-    {"Tikhaya Sosna River": (0.9, "LOC"), "Don": (0.5, "LOC"), "Alexeyevka": (0.4, "GPE")},
+    {"Tikhaya Sosna River": 0.9, "Don": 0.5, "Alexeyevka": 0.4},
+    {"Tikhaya Sosna River": "LOC", "Don": "LOC", "Alexeyevka": "GPE"},
 )
 #: Documents sharing the question's other words ("river", "flow", "town") and nothing else.
 RIVER_FILLERS = tuple(
@@ -181,7 +170,8 @@ RIVER_FILLERS = tuple(
         f"stream{i}",
         f"Stream {i}",
         f"Stream {i} is a river; the town on the river watches it flow every year.",
-        {f"stream {i}": (0.9, "LOC"), "river": (0.6, ""), "town": (0.5, ""), "flow": (0.3, "")},
+        {f"stream {i}": 0.9, "river": 0.6, "town": 0.5, "flow": 0.3},
+        {f"stream {i}": "LOC"},
     )
     for i in range(5)
 )
@@ -193,7 +183,8 @@ IDOL = tuple(
         f"idol{i}",
         f"Idol contestant {i}",
         f"Contestant {i} sang on the second series of Pop Idol and finished in place {i}.",
-        {"Pop Idol": (0.8, "WORK_OF_ART"), f"contestant {i}": (0.9, "PERSON")},
+        {"Pop Idol": 0.8, f"contestant {i}": 0.9},
+        {"Pop Idol": "WORK_OF_ART", f"contestant {i}": "PERSON"},
     )
     for i in range(2)
 )
@@ -201,61 +192,9 @@ POP = Doc(
     "pop",
     "Bubblegum",
     "Bubblegum is a style of pop for pre-teens and teenagers, upbeat and commercial.",
-    {"bubblegum": (0.9, ""), "pop": (0.8, ""), "teenager": (0.4, "")},
+    {"bubblegum": 0.9, "pop": 0.8, "teenager": 0.4},
 )
 ENTITY_QUESTION = "Who sang on the second series of Pop Idol?"
-
-
-def context_of(doc: Doc) -> str:
-    return make_context_id(doc.doc_id, doc.title)
-
-
-async def plant(driver: neo4j.AsyncDriver, tenant: str, docs: tuple[Doc, ...]) -> None:
-    """Each document as one section under the topic of its title, with typed mentions."""
-    for doc in docs:
-        topic = canonical_key(doc.title)
-        await driver.execute_query(
-            "MERGE (d:Document {tenant_id: $t, document_id: $doc}) "
-            "SET d.title = $title, d.section_count = 1 "
-            "MERGE (x:Topic {tenant_id: $t, topic_id: $topic}) SET x.name = $title "
-            "MERGE (d)-[h:HAS_TOPIC {tenant_id: $t}]->(x) SET h.salience = 1.0 "
-            "MERGE (s:SectionContext {tenant_id: $t, context_id: $cid}) "
-            "SET s.document_id = $doc, s.section_path = $title, s.text = $text, "
-            "s.topic_ids = [$topic] "
-            "MERGE (s)-[:IN_DOC {tenant_id: $t}]->(d) "
-            "WITH s UNWIND $mentions AS m "
-            "MERGE (c:CanonicalConcept {tenant_id: $t, canonical_name: m[0]}) "
-            "SET c.name = m[1], "
-            "c.concept_type = CASE WHEN m[3] = '' THEN 'CONCEPT' ELSE 'ENTITY' END, "
-            "c.entity_label = CASE WHEN m[3] = '' THEN null ELSE m[3] END "
-            "MERGE (c)-[r:MENTIONED_IN {tenant_id: $t}]->(s) "
-            "SET r.salience = m[2], r.document_id = $doc",
-            {
-                "t": tenant,
-                "doc": doc.doc_id,
-                "title": doc.title,
-                "topic": topic,
-                "cid": context_of(doc),
-                "text": doc.text,
-                "mentions": [
-                    [canonical_key(n), n, s, label] for n, (s, label) in doc.mentions.items()
-                ],
-            },
-        )
-
-
-async def index(chunks: ChunkIndex, tenant: str, docs: tuple[Doc, ...]) -> None:
-    for doc in docs:
-        cid = context_of(doc)
-        chunk = ChunkPayload(
-            chunk_id=f"{cid}:0",
-            context_id=cid,
-            section_path=doc.title,
-            text=doc.text,
-            char_start=0,
-            char_end=len(doc.text),
-        )
-        await chunks.index_document(tenant, doc.doc_id, [chunk])
 
 
 async def planted(engine: KnowledgeEngine, driver: neo4j.AsyncDriver, tenant: str, docs) -> str:  # type: ignore[no-untyped-def]
@@ -275,7 +214,7 @@ async def test_an_entity_worded_otherwise_still_seeds_and_reaches_its_section(
     river = seeds["tikhaya sosna river"]
     assert river.link == FUZZY and river.span == "Tikhaya Sosna" and river.entity_type == "LOC"
     assert answer.seeds[0].key == "tikhaya sosna river"
-    assert answer.plan.ordered()[0] == context_of(RIVER)
+    assert answer.plan.ordered()[0] == RIVER.context_id
     assert answer.chunks[0].hit.document_id == "river"
     assert invariant_violations(answer) == []
 
@@ -295,8 +234,8 @@ async def test_a_common_word_inside_a_named_entity_does_not_outweigh_it(
     assert restarts["pop idol"] > restarts["pop"]
     walked, _ = await engine.propagation.sections(tenant, answer.seeds, 10)
     ranked = list(walked)
-    idols = {context_of(d) for d in IDOL}
-    assert set(ranked[:2]) == idols and ranked[2] == context_of(POP), ranked
+    idols = {d.context_id for d in IDOL}
+    assert set(ranked[:2]) == idols and ranked[2] == POP.context_id, ranked
     assert {c.hit.document_id for c in answer.chunks} == {d.doc_id for d in IDOL}
 
 
