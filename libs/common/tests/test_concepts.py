@@ -34,6 +34,14 @@ def test_only_function_words_give_no_key() -> None:
     assert canonical_key("de la") == ""
 
 
+def test_english_contractions_leave_no_word_behind() -> None:
+    for text in ("I'll", "they're", "we’ve", "you'd", "I'm", "don't", "won't", "can't", "isn't"):
+        assert canonical_key(text) == "", text
+    assert canonical_key("we've planned the Sales Plan") == "planned the sale plan"
+    assert canonical_key("O'Reilly Media") == "o reilly media"
+    assert canonical_key("Rock 'n' Roll") == "rock roll"
+
+
 def test_question_ngrams_include_the_concept_keys_of_documents() -> None:
     keys = ngram_keys("Who published the Journal of Mathematical Physics?")
     assert canonical_key("Journal of Mathematical Physics") in keys

@@ -213,3 +213,17 @@ async def test_a_bare_copula_is_no_relation_cue() -> None:
         await RuleVerifier().verify(Concept("glory", "Glory"), Concept("american", "x"), section)
         is None
     )
+
+
+async def test_a_contraction_keeps_the_case_of_the_sentence_readable() -> None:
+    # "I'll" is one folded word: read as two written words it misaligned the sentence's case
+    # with its words, and without case "Service Contract Execution" inside a longer name
+    # ("Journal of Service Contract Execution") was taken for the concept itself.
+    text = (
+        "I'll say it: Journal of Service Contract Execution requires Solution Quotation Management."
+    )
+    section = SectionEvidence("sec:d:1", "d", "P", text)
+    assert await RuleVerifier().verify(QUOTATION, CONTRACT, section) is None
+    plain = SectionEvidence("sec:d:1", "d", "P", text.replace("Journal of ", ""))
+    verdict = await RuleVerifier().verify(QUOTATION, CONTRACT, plain)
+    assert verdict is not None and verdict.relation_type == "REQUIRES"

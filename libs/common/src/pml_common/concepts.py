@@ -61,14 +61,22 @@ _EN_MARKERS = frozenset(_EN_MARKER_TEXT.split())
 _FR_MARKERS = frozenset(_FR_MARKER_TEXT.split())
 
 _POSSESSIVE = re.compile(r"['’]s\b")
+#: English contractions: "won't", "can't", "shan't" whole, any other "n't" as "not", and the
+#: pronoun's 'll, 've, 're, 'd, 'm dropped ("I'll" gave the concept key "ll").
+_WHOLE_CONTRACTION = re.compile(r"\b(wo|ca|sha)n['’]t\b")
+_WHOLE_FORMS = {"wo": "will not", "ca": "can not", "sha": "shall not"}
+_NOT = re.compile(r"n['’]t\b")
+_PRONOUN_CONTRACTION = re.compile(r"['’](?:ll|ve|re|d|m)\b")
 _ELISION = re.compile(r"\b(?:qu|[ldjmntcs])['’]")
 _WORD = re.compile(r"[a-z0-9]+")
 
 
 def fold(text: str) -> str:
-    """NFKC, case folded, diacritics removed, possessives and elisions dropped."""
+    """NFKC, case folded, diacritics removed, possessives, contractions and elisions dropped."""
     decomposed = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text).casefold())
     plain = "".join(c for c in decomposed if not unicodedata.combining(c))
+    plain = _WHOLE_CONTRACTION.sub(lambda m: _WHOLE_FORMS[m.group(1)], plain)
+    plain = _PRONOUN_CONTRACTION.sub(" ", _NOT.sub(" not", plain))
     return _ELISION.sub(" ", _POSSESSIVE.sub("", plain))
 
 

@@ -148,7 +148,7 @@ STRONG_MARKERS = (
 STRONG_HEADINGS = ("glossary", "definition", "glossaire", "norme", "standard", "specification")
 
 _SENTENCE = re.compile(r"[^.!?\n]+(?:[.!?]+|$)")
-_RAW_WORD = re.compile(r"[^\W_]+")
+_RAW_WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)*")
 _OWNED = re.compile(r"['’]s\b")
 _ELIDED = re.compile(r"\b(?:[Qq]u|[LlDdJjMmNnTtCcSs])['’]")
 #: Words that join a name to its complement ("of", "de"...).
