@@ -39,6 +39,7 @@ from pml_search.propagation import (
     DAMPING,
     TOPIC_SEED,
     Propagation,
+    _TenantLoads,
     build_graph,
     personalized_pagerank,
     restart_vector,
@@ -246,6 +247,59 @@ async def test_concurrent_questions_share_one_read(engine: KnowledgeEngine, plan
     propagation = Propagation(reads)  # type: ignore[arg-type]
     graphs = await asyncio.gather(*(propagation.graph(planted) for _ in range(5)))
     assert reads.graph_reads == 1 and all(g is graphs[0] for g in graphs)
+
+
+class SlowLoads:
+    """A loader whose reads take `load_s` and return numbered versions; `release` lets a read
+    that was asked to wait finish."""
+
+    def __init__(self, load_s: float) -> None:
+        self.load_s = load_s
+        self.version = 0
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def load(self, tenant: str) -> str:
+        await asyncio.sleep(self.load_s)
+        await self.gate.wait()
+        self.version += 1
+        return f"{tenant} v{self.version}"
+
+
+async def settled(loads: _TenantLoads[str], tenant: str) -> str:
+    for _ in range(200):
+        if loads.cached(tenant):
+            return await loads.get(tenant)
+        await asyncio.sleep(0.01)
+    raise AssertionError("the new value never landed")
+
+
+async def test_a_slow_tenant_is_answered_from_its_previous_graph_while_the_new_one_loads() -> None:
+    slow = SlowLoads(load_s=0.05)
+    loads = _TenantLoads("test", 100, lambda _: 1, slow.load, stale_after_s=0.04)
+    assert await loads.get("t") == "t v1"
+    slow.gate.clear()
+    loads.invalidate("t")
+    # the question does not wait for the read: it gets the graph from before the change
+    assert await asyncio.wait_for(loads.get("t"), 0.02) == "t v1"
+    slow.gate.set()
+    assert await settled(loads, "t") == "t v2"
+    # after a deletion nothing from before it is served: the question waits for the read
+    slow.gate.clear()
+    loads.invalidate("t", removed=True)
+    pending = asyncio.ensure_future(loads.get("t"))
+    await asyncio.sleep(0.1)
+    assert not pending.done()
+    slow.gate.set()
+    assert await pending == "t v3"
+
+
+async def test_a_fast_tenant_always_waits_for_its_new_graph() -> None:
+    fast = SlowLoads(load_s=0.0)
+    loads = _TenantLoads("test", 100, lambda _: 1, fast.load, stale_after_s=0.04)
+    assert await loads.get("t") == "t v1"
+    loads.invalidate("t")
+    assert await loads.get("t") == "t v2"
 
 
 class CountingReads:

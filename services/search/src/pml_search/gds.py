@@ -186,8 +186,9 @@ class GdsPaths:
             log.info("knowledge.gds_checked", available=self._available)
         return self._available
 
-    def invalidate(self, tenant: str) -> None:
-        """The tenant's relations changed: project again on its next question."""
+    def invalidate(self, tenant: str, removed: bool = False) -> None:
+        """The tenant's relations changed (`removed`: by a deletion): project again on its
+        next question."""
         self._projected.pop(tenant, None)
 
     async def paths(
@@ -229,8 +230,9 @@ class GdsPageRank:
         # tenant -> whether its projection holds any relationship
         self._projected: dict[str, bool] = {}
 
-    def invalidate(self, tenant: str) -> None:
-        """The tenant's graph changed: project again on its next question."""
+    def invalidate(self, tenant: str, removed: bool = False) -> None:
+        """The tenant's graph changed (`removed`: by a deletion): project again on its next
+        question."""
         self._projected.pop(tenant, None)
 
     async def sections(

@@ -11,6 +11,9 @@ changes, and read again on the tenant's next question:
   projection `GdsPageRank`), which every pass writes into (mentions in Pass 1, topics and
   `COVERS` in Pass 2a, relations in Pass 3): dropped on `Pass1Completed` and `Pass2aCompleted`
   too.
+
+A slow-to-read tenant's propagation graph and names are served from before a pass's change
+while they are read again (`pml_search.propagation`); never from before a deletion.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ KNOWLEDGE_CACHE_EVENTS: tuple[type[Event], ...] = (
 
 
 class TenantGraphCache(Protocol):
-    def invalidate(self, tenant: str) -> None: ...
+    def invalidate(self, tenant: str, removed: bool = False) -> None: ...
 
 
 def knowledge_group(consumer_name: str) -> str:
@@ -57,7 +60,8 @@ class KnowledgeConsumers:
         return group
 
     async def on_graph_changed(self, event: Event) -> None:
+        removed = isinstance(event, DocumentDeleted | TenantDeleted)
         if isinstance(event, RELATION_EVENTS):
-            self._relations.invalidate(event.tenant_id)
+            self._relations.invalidate(event.tenant_id, removed)
         for graph in self._graphs:
-            graph.invalidate(event.tenant_id)
+            graph.invalidate(event.tenant_id, removed)

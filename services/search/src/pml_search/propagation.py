@@ -30,17 +30,26 @@ events) and read again on its next question; reading it costs one pass over the 
 mentions, then a question costs a few sparse products. The index of the tenant's concept names
 that links a question to its seeds (`pml_search.seed_linking.NameIndex`) is kept and dropped
 the same way.
+
+A tenant whose last read took `STALE_AFTER_S` or more (thousands of documents) would make
+every question wait that long while it ingests, as each pass that completes changes its graph:
+its questions are answered from the graph read before the change while the new one is read
+(`pml.graph_stale` on the question's span), so the newest documents of a large tenant reach
+answers a read later. A small tenant's question always waits for the new graph, and a
+document's or tenant's deletion drops the old graph at once (nothing deleted is planned again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import numpy as np
 import structlog
+from opentelemetry import trace
 from scipy import sparse
 
 from pml_common.tenant_cache import TenantCache
@@ -70,6 +79,9 @@ RELATION_SHARE = 1.0
 CACHE_MAX_WEIGHT = 2_000_000
 #: Names plus trigrams kept over all tenants for linking questions (MuSiQue: about 10⁶).
 NAMES_MAX_WEIGHT = 4_000_000
+#: A tenant whose last read took this long is answered from its previous graph while the new
+#: one is read (see the module doc).
+STALE_AFTER_S = 1.0
 
 V = TypeVar("V")
 
@@ -240,7 +252,8 @@ def section_scores(
 class _TenantLoads(Generic[V]):
     """Values read per tenant on first use, kept in a `TenantCache` until invalidated; one
     load per tenant at a time (shared by concurrent questions), and a load that the tenant's
-    graph changed during is not kept (it may be stale)."""
+    graph changed during is not kept as current (it may be stale). A tenant whose last load
+    took `stale_after_s` or more gets its previous value while the next one loads."""
 
     def __init__(
         self,
@@ -248,14 +261,27 @@ class _TenantLoads(Generic[V]):
         capacity: int,
         weigh: Callable[[V], int],
         load: Callable[[str], Awaitable[V]],
+        stale_after_s: float = STALE_AFTER_S,
     ) -> None:
+        self._name = name
         self._values: TenantCache[str, V] = TenantCache(name, capacity, weigh=weigh)
         self._load = load
         self._loading: dict[str, asyncio.Task[V]] = {}
         self._changed_while_loading: set[str] = set()
+        self._stale_after_s = stale_after_s
+        #: The value before the last change, for tenants whose loads are slow.
+        self._stale: dict[str, V] = {}
+        self._load_s: dict[str, float] = {}
 
-    def invalidate(self, tenant: str) -> None:
-        self._values.pop(tenant)
+    def invalidate(self, tenant: str, removed: bool = False) -> None:
+        """The tenant's graph changed: load again on next use. `removed`: something was
+        deleted, so the previous value may not be served meanwhile."""
+        previous = self._values.pop(tenant)
+        if removed:
+            self._stale.pop(tenant, None)
+            self._load_s.pop(tenant, None)
+        elif previous is not None and self._load_s.get(tenant, 0.0) >= self._stale_after_s:
+            self._stale[tenant] = previous
         if tenant in self._loading:
             self._changed_while_loading.add(tenant)
 
@@ -268,17 +294,35 @@ class _TenantLoads(Generic[V]):
             return cached
         task = self._loading.get(tenant)
         if task is None:
-            task = asyncio.create_task(self._load(tenant))
+            task = asyncio.create_task(self._timed_load(tenant))
             self._loading[tenant] = task
             task.add_done_callback(lambda _: self._loaded(tenant))
+        stale = self._stale.get(tenant)
+        if stale is not None:
+            trace.get_current_span().set_attribute("pml.graph_stale", True)
+            log.debug("knowledge.stale_served", cache=self._name, tenant=tenant)
+            return stale
         return await asyncio.shield(task)
+
+    async def _timed_load(self, tenant: str) -> V:
+        started = time.monotonic()
+        value = await self._load(tenant)
+        self._load_s[tenant] = time.monotonic() - started
+        return value
 
     def _loaded(self, tenant: str) -> None:
         task = self._loading.pop(tenant)
-        stale = tenant in self._changed_while_loading
+        changed = tenant in self._changed_while_loading
         self._changed_while_loading.discard(tenant)
-        if not stale and not task.cancelled() and task.exception() is None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        if not changed:
             self._values.put(tenant, task.result())
+            self._stale.pop(tenant, None)
+        elif tenant in self._stale:
+            # Newer than the value served meanwhile, though not current: served until the
+            # next load (started by the next question) lands.
+            self._stale[tenant] = task.result()
 
 
 class Propagation:
@@ -294,10 +338,11 @@ class Propagation:
             "knowledge-names", NAMES_MAX_WEIGHT, lambda n: n.weight, self._load_names
         )
 
-    def invalidate(self, tenant: str) -> None:
-        """The tenant's graph changed: read it (and its names) again on next use."""
-        self._graphs.invalidate(tenant)
-        self._names.invalidate(tenant)
+    def invalidate(self, tenant: str, removed: bool = False) -> None:
+        """The tenant's graph changed: read it (and its names) again on next use; `removed`:
+        by a deletion (see the module doc)."""
+        self._graphs.invalidate(tenant, removed)
+        self._names.invalidate(tenant, removed)
 
     def cached(self, tenant: str) -> bool:
         return self._graphs.cached(tenant)
