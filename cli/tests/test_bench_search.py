@@ -2,6 +2,7 @@ import json
 
 from typer.testing import CliRunner
 
+from pml_cli.bench_search import QUERIES, synthetic_queries
 from pml_cli.main import app
 
 PHASE_KEYS = {"requests", "errors", "p50_ms", "p99_ms"}
@@ -48,3 +49,8 @@ def test_bench_search_refuses_more_neighbour_tools_than_a_request_may_hold() -> 
     result = CliRunner().invoke(app, ["bench", "search", "--neighbour-tools", "50001"])
     assert result.exit_code == 2
     assert "--neighbour-tools" in result.output
+
+
+def test_the_bench_asks_as_many_distinct_queries_as_it_says() -> None:
+    queries = synthetic_queries(QUERIES)
+    assert len(set(queries)) == len(queries) == QUERIES

@@ -138,8 +138,11 @@ def synthetic_catalog(n: int, prefix: str = "") -> list[ToolSpec]:
 
 
 def synthetic_queries(count: int) -> list[str]:
-    combos = itertools.product(VERBS, OBJECTS, PLACES)
-    picked = itertools.islice(combos, 0, None, 97)  # spread over the space
+    """`count` distinct requests (at most one per combination), spread evenly over the space."""
+    space = len(VERBS) * len(OBJECTS) * len(PLACES)
+    picked = itertools.islice(
+        itertools.product(VERBS, OBJECTS, PLACES), 0, None, max(1, space // count)
+    )
     return [f"please {v} the {o} {p}" for v, o, p in itertools.islice(picked, count)]
 
 
