@@ -104,12 +104,13 @@ def in_trace_of(carrier: Mapping[str, str]) -> Iterator[None]:
     its trace. A batch handler works in a span of its own trace (linked to each event's), so
     what it publishes for one of the batch's events would leave that event's trace: published
     inside this, it continues it, and one document stays one trace through batched passes."""
-    remote = trace.get_current_span(extract_trace(carrier)).get_span_context()
+    carried = extract_trace(carrier)
+    remote = trace.get_current_span(carried).get_span_context()
     current = trace.get_current_span().get_span_context()
     if not remote.is_valid or (current.is_valid and current.trace_id == remote.trace_id):
         yield
         return
-    token = context.attach(extract_trace(carrier))
+    token = context.attach(carried)
     try:
         yield
     finally:

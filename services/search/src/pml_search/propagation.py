@@ -269,39 +269,40 @@ class _TenantLoads(Generic[V]):
         self._loading: dict[str, asyncio.Task[V]] = {}
         self._changed_while_loading: set[str] = set()
         self._stale_after_s = stale_after_s
-        #: The value before the last change, for tenants whose loads are slow.
-        self._stale: dict[str, V] = {}
+        #: Tenants whose cached value is from before their last change (kept, within the
+        #: cache's bound, because their loads are slow).
+        self._outdated: set[str] = set()
         self._load_s: dict[str, float] = {}
 
     def invalidate(self, tenant: str, removed: bool = False) -> None:
         """The tenant's graph changed: load again on next use. `removed`: something was
         deleted, so the previous value may not be served meanwhile."""
-        previous = self._values.pop(tenant)
+        if removed or self._load_s.get(tenant, 0.0) < self._stale_after_s:
+            self._values.pop(tenant)
+            self._outdated.discard(tenant)
+        else:
+            self._outdated.add(tenant)
         if removed:
-            self._stale.pop(tenant, None)
             self._load_s.pop(tenant, None)
-        elif previous is not None and self._load_s.get(tenant, 0.0) >= self._stale_after_s:
-            self._stale[tenant] = previous
         if tenant in self._loading:
             self._changed_while_loading.add(tenant)
 
     def cached(self, tenant: str) -> bool:
-        return tenant in self._values
+        return tenant in self._values and tenant not in self._outdated
 
     async def get(self, tenant: str) -> V:
         cached = self._values.get(tenant)
-        if cached is not None:
+        if cached is not None and tenant not in self._outdated:
             return cached
         task = self._loading.get(tenant)
         if task is None:
             task = asyncio.create_task(self._timed_load(tenant))
             self._loading[tenant] = task
             task.add_done_callback(lambda _: self._loaded(tenant))
-        stale = self._stale.get(tenant)
-        if stale is not None:
+        if cached is not None:
             trace.get_current_span().set_attribute("pml.graph_stale", True)
             log.debug("knowledge.stale_served", cache=self._name, tenant=tenant)
-            return stale
+            return cached
         return await asyncio.shield(task)
 
     async def _timed_load(self, tenant: str) -> V:
@@ -318,11 +319,11 @@ class _TenantLoads(Generic[V]):
             return
         if not changed:
             self._values.put(tenant, task.result())
-            self._stale.pop(tenant, None)
-        elif tenant in self._stale:
+            self._outdated.discard(tenant)
+        elif tenant in self._outdated and tenant in self._values:
             # Newer than the value served meanwhile, though not current: served until the
             # next load (started by the next question) lands.
-            self._stale[tenant] = task.result()
+            self._values.put(tenant, task.result())
 
 
 class Propagation:
