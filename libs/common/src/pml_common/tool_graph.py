@@ -74,6 +74,11 @@ class ToolGraph:
     catalog_vectors: NDArray[np.float32] | None = None
     catalog_parts: tuple[int, ...] = ()
 
+    def servers_of(self, tool_ids: Sequence[str]) -> list[str]:
+        """The server of each tool of `tool_ids` ("" for an id the graph does not hold)."""
+        server = {t.id: t.server for t in self.tools}
+        return [server.get(t, "") for t in tool_ids]
+
 
 async def read_tool_graph(
     driver: AsyncDriver,

@@ -2,12 +2,14 @@
 
 The score served for tools is the untrained first stage plus a learned correction,
 
-    served = first_stage + w · correction,    correction = SHGAT's tool score (sigmoid, 0..1)
+    served = first_stage + w · SHGAT's tool score + m · execution memory's score
 
-with the weight w chosen, per version, on executions that version did not train on (held back).
-w = 0 is always in the grid, so on that set the served ranking is never worse than the first
-stage's. A candidate version replaces the serving one only if it ranks the executed tools of the
-held-back executions better than both the serving combination and the first stage alone.
+(both corrections are probabilities, 0..1; the memory's is 0 outside the first stage's top
+candidates, `pml_shgat.memory`), with the weights w and m chosen, per version, on executions
+that version did not train on (held back). (0, 0) is always in the grid, so on that set the
+served ranking is never worse than the first stage's. A candidate version replaces the serving
+one only if it ranks the executed tools of the held-back executions better than both the
+serving combination and the first stage alone.
 
 The serving version is judged again at every round, on the held-back executions of the time
 (which no version trained on). When the first stage alone ranks them better than it, the new
@@ -48,8 +50,9 @@ FloatArray = NDArray[np.floating]
 #: The verdict's reason when the first stage alone replaces a serving version that ranks the
 #: held-back executions worse than it (the new version carries weight 0).
 WITHDRAWN = "withdraws the serving version: the first stage alone ranks held-back executions better"
-#: Name of the correction weight in a published version's metrics.
+#: Names of the corrections' weights in a published version's metrics.
 WEIGHT_METRIC = "correction_weight"
+MEMORY_WEIGHT_METRIC = "memory_weight"
 
 
 @dataclass(frozen=True)
@@ -138,27 +141,61 @@ def choose_weight(
     judged: Sequence[Judged],
     grid: Sequence[float] = WEIGHT_GRID,
 ) -> tuple[float, Figures]:
-    """The weight of the grid whose served scores rank the executions best, and its figures.
+    """The weight of the grid whose served scores rank the executions best, and its figures
+    (`choose_weights` with one correction)."""
+    (weight, _), best = choose_weights(first_stage, correction, None, judged, grid)
+    return weight, best
 
-    A larger weight must be better (per `better`) than the best so far to win, so a correction
-    that adds nothing keeps the smaller weight, down to 0 (the first stage alone). With at
-    least `MIN_NOVEL` novel executions, a weight under which the first stage ranks them better
-    is not eligible.
+
+def choose_weights(
+    first_stage: Sequence[FloatArray],
+    correction: Sequence[FloatArray],
+    memory: Sequence[FloatArray] | None,
+    judged: Sequence[Judged],
+    grid: Sequence[float] = WEIGHT_GRID,
+) -> tuple[tuple[float, float], Figures]:
+    """The weights (w, m) whose served scores rank the executions best, and their figures.
+
+    Pairs are tried by increasing total weight, and one must be better (per `better`) than the
+    best so far to win, so a correction that adds nothing keeps the smaller weight, down to
+    (0, 0) (the first stage alone). With at least `MIN_NOVEL` novel executions, weights under
+    which the first stage ranks them better are not eligible. Without `memory`, m stays 0.
     """
     if not grid or grid[0] != 0.0:
         raise ValueError("the weight grid must start at 0 (the first stage alone)")
+    pairs = sorted(
+        ((w, m) for w in grid for m in (grid if memory is not None else (0.0,))),
+        key=lambda pair: (pair[0] + pair[1], pair[1]),
+    )
     novel = [i for i, j in enumerate(judged) if j.novel]
     guard = len(novel) >= MIN_NOVEL
     novel_base = _subset_figures(first_stage, judged, novel)
-    best_w, best = 0.0, figures(first_stage, judged)
-    for w in grid[1:]:
-        rows = [served_scores(f, c, w) for f, c in zip(first_stage, correction, strict=True)]
+    best_w, best = pairs[0], figures(first_stage, judged)
+    for pair in pairs[1:]:
+        rows = combined(first_stage, correction, memory, pair)
         if guard and better(novel_base, _subset_figures(rows, judged, novel)):
             continue
         candidate = figures(rows, judged)
         if better(candidate, best):
-            best_w, best = w, candidate
+            best_w, best = pair, candidate
     return best_w, best
+
+
+def combined(
+    first_stage: Sequence[FloatArray],
+    correction: Sequence[FloatArray],
+    memory: Sequence[FloatArray] | None,
+    weights: tuple[float, float],
+) -> list[FloatArray]:
+    """The served scores of each execution under weights (w, m)."""
+    w, m = weights
+    memories: Sequence[FloatArray | None] = (
+        memory if memory is not None else [None] * len(first_stage)
+    )
+    return [
+        served_scores(served_scores(f, c, w), r, m)
+        for f, c, r in zip(first_stage, correction, memories, strict=True)
+    ]
 
 
 def _subset_figures(
@@ -174,6 +211,8 @@ class Verdict:
     accepted: bool
     reason: str
     weight: float
+    #: Weight of the execution memory's correction (0 without one).
+    memory_weight: float
     candidate: Figures
     serving: Figures
     first_stage: Figures
@@ -184,6 +223,7 @@ class Verdict:
     def as_metrics(self) -> dict[str, float]:
         return {
             WEIGHT_METRIC: self.weight,
+            MEMORY_WEIGHT_METRIC: self.memory_weight,
             "holdout_size": float(self.candidate.count),
             "holdout_novel_size": float(self.novel_candidate.count),
             **self.candidate.as_metrics("holdout_candidate_"),
@@ -200,20 +240,20 @@ def judge(
     candidate_correction: Sequence[FloatArray],
     judged: Sequence[Judged],
     min_judged: int = 1,
+    candidate_memory: Sequence[FloatArray] | None = None,
 ) -> Verdict:
-    """Admit the candidate only if, with its best weight, it beats both the serving combination
-    and the first stage alone on the held-back executions `judged`, or if its best weight is 0
-    and the first stage alone beats the serving combination (`WITHDRAWN`).
+    """Admit the candidate only if, with its best weights, it beats both the serving combination
+    and the first stage alone on the held-back executions `judged`, or if its best weights are
+    0 and the first stage alone beats the serving combination (`WITHDRAWN`).
 
-    `serving` are the scores served now (the first stage itself before any version was admitted).
+    `serving` are the scores served now (the first stage itself before any version was admitted);
+    `candidate_memory`, the candidate's execution-memory correction when it has one.
     """
     base = figures(first_stage, judged)
     now = figures(serving, judged)
-    weight, cand = choose_weight(first_stage, candidate_correction, judged)
+    weights, cand = choose_weights(first_stage, candidate_correction, candidate_memory, judged)
     novel = [i for i, j in enumerate(judged) if j.novel]
-    chosen = [
-        served_scores(f, c, weight) for f, c in zip(first_stage, candidate_correction, strict=True)
-    ]
+    chosen = combined(first_stage, candidate_correction, candidate_memory, weights)
     novel_figures = (
         _subset_figures(chosen, judged, novel),
         _subset_figures(first_stage, judged, novel),
@@ -222,7 +262,7 @@ def judge(
         reason, accepted = f"{len(judged)} held-back executions, {min_judged} needed", False
     elif not better(cand, now):
         reason, accepted = "not better than the serving version on held-back executions", False
-    elif weight == 0.0:
+    elif weights == (0.0, 0.0):
         # The candidate is the first stage itself, and it beats what is served: the serving
         # version was admitted on fewer or other held-back executions and no longer holds.
         reason, accepted = WITHDRAWN, True
@@ -230,7 +270,7 @@ def judge(
         reason, accepted = "not better than the first stage on held-back executions", False
     else:
         reason, accepted = "better than the serving version and the first stage", True
-    return Verdict(accepted, reason, weight, cand, now, base, *novel_figures)
+    return Verdict(accepted, reason, *weights, cand, now, base, *novel_figures)
 
 
 def tool_scores(model: ServingModel, intent: FloatArray) -> FloatArray:

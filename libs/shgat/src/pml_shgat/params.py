@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 import numpy as np
 from numpy.typing import NDArray
+
+from pml_shgat.memory import is_memory_array
 
 FloatArray = NDArray[np.float64]
 Params = dict[str, FloatArray]
@@ -100,10 +103,14 @@ def num_levels(params: Params) -> int:
     return sum(1 for name in params if name.startswith("W_child/"))
 
 
-def to_bytes(config: ShgatConfig, params: Params) -> bytes:
+def to_bytes(
+    config: ShgatConfig, params: Params, extra: Mapping[str, NDArray[np.generic]] | None = None
+) -> bytes:
+    """The version's bytes: config, parameters and `extra` arrays published with them (the
+    execution memory, `pml_shgat.memory`, which `from_bytes` leaves out)."""
     buffer = io.BytesIO()
     header = np.frombuffer(json.dumps(asdict(config)).encode(), dtype=np.uint8)
-    arrays: dict[str, NDArray[np.generic]] = {"__config__": header, **params}
+    arrays: dict[str, NDArray[np.generic]] = {"__config__": header, **params, **(extra or {})}
     np.savez_compressed(buffer, allow_pickle=False, **arrays)
     return buffer.getvalue()
 
@@ -111,7 +118,11 @@ def to_bytes(config: ShgatConfig, params: Params) -> bytes:
 def from_bytes(blob: bytes) -> tuple[ShgatConfig, Params]:
     with np.load(io.BytesIO(blob), allow_pickle=False) as archive:
         config = ShgatConfig(**json.loads(archive["__config__"].tobytes().decode()))
-        params = {name: archive[name].astype(np.float64) for name in archive.files}
+        params = {
+            name: archive[name].astype(np.float64)
+            for name in archive.files
+            if not is_memory_array(name)
+        }
     params.pop("__config__")
     _check_shapes(config, params)
     return config, params

@@ -10,10 +10,11 @@ be used (another embedding size, unreadable bytes), the initial parameters are s
 rank like cosine similarity, so the scorer answers sensibly before any training.
 
 Tools are served as the untrained first stage (`pml_common.tool_first_stage`: the same hybrid
-relevance as search's, BM25 and the tool embedder's cosines fused) plus the learned correction,
-`first_stage + w · SHGAT score` (`pml_shgat.gating`), with the weight w the trainer's gate chose
-for the published version on held-back executions (0, the first stage alone, before any version
-was admitted and for a version published without one).
+relevance as search's, BM25 and the tool embedder's cosines fused) plus the learned corrections,
+`first_stage + w · SHGAT score + m · execution memory's score` (`pml_shgat.gating`,
+`pml_shgat.memory`), with the weights w and m the trainer's gate chose for the published version
+on held-back executions (0, the first stage alone, before any version was admitted and for a
+version published without them).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from pml_common.embedding import Embedder
 from pml_common.model_registry import ModelRecord, ModelRegistry
 from pml_common.tool_first_stage import FusedFirstStage, Intent
 from pml_common.tool_graph import ToolGraph, read_tool_graph
-from pml_shgat.gating import WEIGHT_METRIC, served_scores, tool_scores
+from pml_shgat.gating import MEMORY_WEIGHT_METRIC, WEIGHT_METRIC, served_scores, tool_scores
 from pml_shgat.hierarchy import Hierarchy
+from pml_shgat.memory import MemoryRanker, ServedMemory, memory_from_bytes
 from pml_shgat.params import Params, ShgatConfig, from_bytes, init_params, make_config
 from pml_shgat.serving import ScoredNode, ServingModel
 
@@ -58,15 +60,25 @@ class TenantModel:
     baseline: FusedFirstStage
     #: Weight of the learned correction in the served tool score (0: the first stage alone).
     weight: float = 0.0
+    #: The published version's execution memory over this catalog, and its weight.
+    memory: ServedMemory | None = None
+    memory_weight: float = 0.0
 
     @property
     def version(self) -> str:
         return self.record.version if self.record is not None else UNTRAINED
 
     def tool_scores(self, intent: Intent) -> NDArray[np.floating]:
-        """Served score of every tool: first stage + w · SHGAT score (hierarchy order)."""
+        """Served score of every tool: first stage + w · SHGAT + m · memory (hierarchy order)."""
+        first = self.baseline.scores(intent)
         correction = tool_scores(self.model, intent.vector) if self.weight else None
-        return served_scores(self.baseline.scores(intent), correction, self.weight)
+        remembered = (
+            self.memory.correction(first, intent.vector)
+            if self.memory is not None and self.memory_weight
+            else None
+        )
+        shgat = served_scores(first, correction, self.weight)
+        return served_scores(shgat, remembered, self.memory_weight)
 
     def score_tools(self, intent: Intent, top_k: int) -> list[ScoredNode]:
         """The `top_k` tools by served score, best first (ties keep hierarchy order)."""
@@ -145,15 +157,18 @@ class ModelBuilder:
         if baseline is None:
             baseline = FusedFirstStage.of_graph(graph)
         usable = self._usable(tenant, published)
-        weight = 0.0
+        weight, memory_weight, memory = 0.0, 0.0, None
         if usable is None:
             config = make_config(self.dim, self._key_dim, hierarchy.num_nodes)
             params = init_params(config, hierarchy.features, hierarchy.num_levels)
             model, record = ServingModel(config, params, hierarchy), None
         else:
-            record, config, params = usable
+            record, config, params, ranker = usable
             model = ServingModel(config, params, hierarchy)
             weight = float(record.metrics.get(WEIGHT_METRIC, 0.0))
+            memory_weight = float(record.metrics.get(MEMORY_WEIGHT_METRIC, 0.0))
+            if ranker is not None:
+                memory = ranker.serve(hierarchy.tool_ids, graph.servers_of(hierarchy.tool_ids))
         return TenantModel(
             tenant_id=tenant,
             model=model,
@@ -163,17 +178,21 @@ class ModelBuilder:
             registry_version=published[0].version if published else None,
             baseline=baseline,
             weight=weight,
+            memory=memory,
+            memory_weight=memory_weight,
         )
 
     def _usable(
         self, tenant: str, published: tuple[ModelRecord, bytes] | None
-    ) -> tuple[ModelRecord, ShgatConfig, Params] | None:
-        """The published model's parameters, or None (logged) when they cannot be served."""
+    ) -> tuple[ModelRecord, ShgatConfig, Params, MemoryRanker | None] | None:
+        """The published model's parameters and execution memory, or None (logged) when they
+        cannot be served."""
         if published is None:
             return None
         record, blob = published
         try:
             config, params = from_bytes(blob)
+            ranker = memory_from_bytes(blob)
         except Exception as exc:  # any unreadable blob: the tenant must still be served
             log.error(
                 "scorer.model_unreadable",
@@ -193,7 +212,7 @@ class ModelBuilder:
                 serving=UNTRAINED,
             )
             return None
-        return record, config, params
+        return record, config, params, ranker
 
 
 def graph_digest(graph: ToolGraph) -> bytes:

@@ -8,16 +8,18 @@ next request, never by half of this one.
   hierarchy level), best `top_k` first. The intent is text (embedded as a query) or an
   embedding of the embedder's size.
 - `ScoreTools`: the served tool score, the untrained first stage (search's hybrid relevance,
-  `pml_common.tool_first_stage`) plus the learned correction,
-  `first_stage + w · SHGAT score`, with the published version's weight w (reported; 0 before
-  any version was admitted: the first stage alone). `level` is -1: tools have no level.
+  `pml_common.tool_first_stage`) plus the learned corrections,
+  `first_stage + w · SHGAT score + m · execution memory's score`, with the published version's
+  weights w and m (reported; 0 before any version was admitted: the first stage alone).
+  `level` is -1: tools have no level.
 - `TopByLevel`: the best `k` capabilities of every level, level 0 first.
 - `PredictPathSuccess`: weighted mean of the path's node scores, later steps weighing more
   (1, 1.5, 2, …); 0.5 for unknown nodes and for an empty path.
 - `ModelInfo`: the served version, its fencing token, training time and metrics, the size
-  of the hierarchy it scores, its correction weight, the tenant's prequential figures (how the
-  served scores ranked executions before they were learned) and the figures of the last
-  admitted and last rejected candidates (read from the trainer's records in Redis).
+  of the hierarchy it scores, its corrections' weights and remembered executions, the
+  tenant's prequential figures (how the served scores ranked executions before they were
+  learned) and the figures of the last admitted and last rejected candidates (read from the
+  trainer's records in Redis).
 
 A tenant without tools or capabilities gets empty scores from the untrained model, not an error.
 
@@ -46,7 +48,7 @@ from pml_common.tool_first_stage import Intent, embed_intents
 from pml_scorer.models import TenantModel
 from pml_scorer.snapshots import ModelSnapshots
 from pml_scorer.validation import intent_of, level_of, no_level, path_of
-from pml_shgat.gating import WEIGHT_METRIC
+from pml_shgat.gating import MEMORY_WEIGHT_METRIC, WEIGHT_METRIC
 from pml_shgat.serving import ScoredNode
 
 
@@ -95,6 +97,7 @@ class ScorerServicer(scorer_pb2_grpc.ScorerServiceServicer):
             scores=_scored(scored),
             model_version=snapshot.version,
             correction_weight=snapshot.weight,
+            memory_weight=snapshot.memory_weight,
         )
 
     async def TopByLevel(
@@ -153,6 +156,8 @@ class ScorerServicer(scorer_pb2_grpc.ScorerServiceServicer):
             prequential=_prequential(summary),
             last_accepted=_candidate(record) if record else None,
             last_rejected=_candidate(rejected[0]) if rejected else None,
+            memory_weight=snapshot.memory_weight,
+            memory_executions=len(snapshot.memory.memory) if snapshot.memory else 0,
         )
 
     # --- helpers ------------------------------------------------------------------------------
@@ -218,6 +223,7 @@ def _candidate(record: ModelRecord) -> scorer_pb2.CandidateFigures:
         candidate_mrr=m.get("holdout_candidate_mrr", 0.0),
         serving_mrr=m.get("holdout_serving_mrr", 0.0),
         first_stage_mrr=m.get("holdout_first_stage_mrr", 0.0),
+        memory_weight=m.get(MEMORY_WEIGHT_METRIC, 0.0),
     )
 
 

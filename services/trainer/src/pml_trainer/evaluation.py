@@ -2,11 +2,12 @@
 and the held-back comparison that gates every new version (`pml_shgat.gating`).
 
 A `TenantView` is the tenant's hierarchy, its untrained first stage
-(`pml_common.tool_first_stage`) and its serving version
-(parameters and correction weight w), so `served` computes what `ScoreTools` serves:
-`first_stage + w · SHGAT`. Views are cached per tenant and rebuilt when the registry's version
-changes or after `max_age_s` (new tools reach the prequential figures within that delay; a tool
-the view does not know yet counts as ranked last).
+(`pml_common.tool_first_stage`) and its serving version (parameters, execution memory and the
+corrections' weights w and m), so `served` computes what `ScoreTools` serves:
+`first_stage + w · SHGAT + m · memory` (`pml_shgat.gating`).
+Views are cached per tenant and rebuilt when the registry's version changes or after
+`max_age_s` (new tools reach the prequential figures within that delay; a tool the view does
+not know yet counts as ranked last).
 
 Memory: the views hold at most `max_nodes` graph nodes over all tenants
 (`PML_TRAINER_CACHE_MAX_NODES`, an empty view counting as one); the least recently used tenants
@@ -34,6 +35,7 @@ from pml_common.tenant_cache import TenantCache
 from pml_common.tool_first_stage import FusedFirstStage, Intent, embed_intents
 from pml_common.tool_graph import ToolGraph, read_tool_graph
 from pml_shgat.gating import (
+    MEMORY_WEIGHT_METRIC,
     WEIGHT_METRIC,
     Judged,
     one_figures,
@@ -41,6 +43,7 @@ from pml_shgat.gating import (
     tool_scores,
 )
 from pml_shgat.hierarchy import Hierarchy
+from pml_shgat.memory import ServedMemory, memory_from_bytes
 from pml_shgat.params import from_bytes
 from pml_shgat.serving import ServingModel
 from pml_trainer.replay_buffer import Trace
@@ -66,6 +69,9 @@ class TenantView:
     weight: float
     version: str
     built_at: float
+    #: The published version's execution memory over this catalog, and its weight.
+    memory: ServedMemory | None = None
+    memory_weight: float = 0.0
 
     def judged(self, trace: Trace) -> Judged | None:
         """The trace's executed tools as hierarchy indices; None when it used no known tool."""
@@ -77,8 +83,19 @@ class TenantView:
         return self.baseline.scores(intent)
 
     def served(self, intent: Intent) -> NDArray[np.floating]:
+        first = self.first_stage(intent)
         correction = tool_scores(self.serving, intent.vector) if self.serving is not None else None
-        return served_scores(self.first_stage(intent), correction, self.weight)
+        memory = self.memory_correction(first, intent) if self.memory_weight else None
+        return served_scores(
+            served_scores(first, correction, self.weight), memory, self.memory_weight
+        )
+
+    def memory_correction(
+        self, first_stage: NDArray[np.floating], intent: Intent
+    ) -> NDArray[np.floating] | None:
+        if self.memory is None:
+            return None
+        return self.memory.correction(first_stage, intent.vector)
 
 
 def build_view(
@@ -90,19 +107,28 @@ def build_view(
     """The view of a tenant's graph (and its hierarchy) served with `published` (the first
     stage alone when None or unusable); `baseline`: the graph's first stage, when built."""
     baseline = baseline if baseline is not None else FusedFirstStage.of_graph(graph)
-    serving, weight, version = None, 0.0, "untrained"
-    if published is not None:
-        record, blob = published
-        try:
-            config, params = from_bytes(blob)
-        except Exception as exc:  # the scorer serves the first stage alone then, and so do we
-            log.error("evaluation.model_unreadable", version=record.version, error=repr(exc))
-            return TenantView(hierarchy, baseline, None, 0.0, version, time.monotonic())
-        if config.dim == hierarchy.dim:
-            serving = ServingModel(config, params, hierarchy)
-            weight = float(record.metrics.get(WEIGHT_METRIC, 0.0))
-            version = record.version
-    return TenantView(hierarchy, baseline, serving, weight, version, time.monotonic())
+    untrained = TenantView(hierarchy, baseline, None, 0.0, "untrained", time.monotonic())
+    if published is None:
+        return untrained
+    record, blob = published
+    try:
+        config, params = from_bytes(blob)
+        ranker = memory_from_bytes(blob)
+    except Exception as exc:  # the scorer serves the first stage alone then, and so do we
+        log.error("evaluation.model_unreadable", version=record.version, error=repr(exc))
+        return untrained
+    if config.dim != hierarchy.dim:
+        return untrained
+    return TenantView(
+        hierarchy,
+        baseline,
+        ServingModel(config, params, hierarchy),
+        float(record.metrics.get(WEIGHT_METRIC, 0.0)),
+        record.version,
+        time.monotonic(),
+        ranker.serve(hierarchy.tool_ids, graph.servers_of(hierarchy.tool_ids)) if ranker else None,
+        float(record.metrics.get(MEMORY_WEIGHT_METRIC, 0.0)),
+    )
 
 
 def hierarchy_of(graph: ToolGraph, dim: int) -> Hierarchy:

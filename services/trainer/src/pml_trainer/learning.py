@@ -7,10 +7,14 @@ their TD error, `outcome − predictPathSuccess(intent, path)` under the updated
 
 Gate: a trained candidate is published only if it ranks the executed tools of held-back
 executions (`holdout`, traces no version trained on) better than the serving version and the
-untrained first stage (`pml_shgat.gating`), with the correction weight w chosen on the same set
-(and barred from hurting the held-back executions whose tool set the buffer never ran);
+untrained first stage (`pml_shgat.gating`), with the corrections' weights chosen on the same
+set (and barred from hurting the held-back executions whose tool set the buffer never ran);
 else it is kept in the registry as the tenant's last rejected candidate, with its figures, and
 the serving version stays.
+
+Each candidate carries two corrections: the trained SHGAT, and an execution memory
+(`pml_shgat.memory`) fitted in the same round on the buffer's newest traces, each read with the
+memory of the others; the memory travels in the version's bytes.
 
 Safety: the lease is checked before every step and before publishing, and a lost lease
 abandons the round; the registry accepts a publish only with the newest fencing token, so even
@@ -40,6 +44,7 @@ from pml_common.tool_first_stage import Intent, embed_intents
 from pml_common.tool_graph import ToolGraph, read_tool_graph
 from pml_shgat.gating import Judged, Verdict, judge, tool_scores
 from pml_shgat.hierarchy import Hierarchy
+from pml_shgat.memory import CAPACITY, Execution, MemoryRanker, ServedMemory, fit
 from pml_shgat.params import Params, ShgatConfig, from_bytes, init_params, make_config, to_bytes
 from pml_shgat.serving import ServingModel
 from pml_shgat.training import ShgatTrainer, make_batch, path_examples
@@ -193,8 +198,18 @@ class LearningLoop:
             # executions received before the round started: all of them could be sampled
             "traces_seen": float(upto),
         }
+        remembered = await self._buffer.newest(tenant, CAPACITY)
         record = await self.admit(
-            tenant, lease, graph, hierarchy, published, config, trainer.params, metrics, wall_start
+            tenant,
+            lease,
+            graph,
+            hierarchy,
+            published,
+            config,
+            trainer.params,
+            metrics,
+            wall_start,
+            remembered,
         )
         await self._buffer.mark_trained(tenant, upto)
         log.info(
@@ -220,23 +235,35 @@ class LearningLoop:
         params: Params,
         metrics: dict[str, float],
         wall_start: float | None = None,
+        remembered: Sequence[Trace] = (),
     ) -> ModelRecord:
         """Publish the candidate if the gate admits it against `published` (the serving
         version, None for the first stage alone), else keep it as the last rejected one; the
-        record's metrics carry the decision (`accepted`) and the figures it was made on."""
+        record's metrics carry the decision (`accepted`) and the figures it was made on.
+
+        `remembered`: the traces the candidate's execution memory is fitted on (none: the
+        candidate has no memory)."""
         serving = await asyncio.to_thread(build_view, graph, hierarchy, published)
-        verdict = await self.gate(tenant, serving, config, params, graph, published)
+        ranker = await self._fit_memory(serving, graph, remembered)
+        memory = (
+            ranker.serve(hierarchy.tool_ids, graph.servers_of(hierarchy.tool_ids))
+            if ranker
+            else None
+        )
+        verdict = await self.gate(tenant, serving, config, params, graph, published, memory)
         _check(lease, None)
         figures = {
             **metrics,
             **({"train_s": time.time() - wall_start} if wall_start is not None else {}),
             "accepted": float(verdict.accepted),
+            "memory_executions": float(len(ranker.executions) if ranker else 0),
             **verdict.as_metrics(),
         }
+        blob = to_bytes(config, params, ranker.to_arrays() if ranker else None)
         if verdict.accepted:
-            record = await self._publish(tenant, lease, config, params, figures)
+            record = await self._publish(tenant, lease, blob, figures)
         else:
-            record = await self._reject(tenant, lease, config, params, figures)
+            record = await self._reject(tenant, lease, blob, figures)
         _export(tenant, verdict)
         log.info(
             "learning.candidate_judged",
@@ -245,6 +272,7 @@ class LearningLoop:
             accepted=verdict.accepted,
             reason=verdict.reason,
             weight=verdict.weight,
+            memory_weight=verdict.memory_weight,
             candidate_recall_at_5=verdict.candidate.recall_at_5,
             serving_recall_at_5=verdict.serving.recall_at_5,
             first_stage_recall_at_5=verdict.first_stage.recall_at_5,
@@ -260,8 +288,10 @@ class LearningLoop:
         params: Params,
         graph: ToolGraph,
         published: tuple[ModelRecord, bytes] | None,
+        memory: ServedMemory | None = None,
     ) -> Verdict:
-        """Judge a candidate against the serving view on the tenant's held-back executions.
+        """Judge a candidate (SHGAT `params`, and its execution `memory` when it has one) against
+        the serving view on the tenant's held-back executions.
 
         A novel one (no trace in the replay buffer ran its set of tools) is judged as new work:
         without the capabilities that run exactly its tools (`without_workflows`), since work
@@ -281,8 +311,37 @@ class LearningLoop:
         novel = {frozenset(t.path) for t, j in zip(traces, judged, strict=True) if j.novel}
         unseen = await asyncio.to_thread(without_workflows, serving, graph, published, novel)
         return await asyncio.to_thread(
-            _judge, serving, unseen, config, params, intents, judged, self._config.min_holdout
+            _judge,
+            serving,
+            unseen,
+            config,
+            params,
+            memory,
+            intents,
+            judged,
+            self._config.min_holdout,
         )
+
+    async def _fit_memory(
+        self, view: TenantView, graph: ToolGraph, traces: Sequence[Trace]
+    ) -> MemoryRanker | None:
+        """The execution memory of `traces`, fitted leave-one-out on their first-stage ranking."""
+        if not traces:
+            return None
+        intents = await embed_intents(
+            [t.intent for t in traces], self._embedder, self._tool_embedder
+        )
+        executions = [
+            Execution(np.asarray(i.vector, np.float32), tuple(t.path))
+            for t, i in zip(traces, intents, strict=True)
+        ]
+
+        def fitted() -> MemoryRanker | None:
+            ids = view.hierarchy.tool_ids
+            first = [view.first_stage(i) for i in intents]
+            return fit(executions, first, ids, graph.servers_of(ids))
+
+        return await asyncio.to_thread(fitted)
 
     async def _intents(self, texts: list[str]) -> list[np.ndarray]:
         unique = list(dict.fromkeys(texts))
@@ -332,16 +391,9 @@ class LearningLoop:
         return await self._intents([t.intent for t in sample.traces])
 
     async def _reject(
-        self,
-        tenant: str,
-        lease: Lease,
-        config: ShgatConfig,
-        params: Params,
-        metrics: dict[str, float],
+        self, tenant: str, lease: Lease, blob: bytes, metrics: dict[str, float]
     ) -> ModelRecord:
-        return await self._under_lease(
-            self._registry.reject(tenant, to_bytes(config, params), lease.token, metrics)
-        )
+        return await self._under_lease(self._registry.reject(tenant, blob, lease.token, metrics))
 
     @staticmethod
     async def _under_lease(write: Awaitable[ModelRecord]) -> ModelRecord:
@@ -352,16 +404,9 @@ class LearningLoop:
             raise RoundAbandoned(str(exc)) from exc
 
     async def _publish(
-        self,
-        tenant: str,
-        lease: Lease,
-        config: ShgatConfig,
-        params: Params,
-        metrics: dict[str, float],
+        self, tenant: str, lease: Lease, blob: bytes, metrics: dict[str, float]
     ) -> ModelRecord:
-        record = await self._under_lease(
-            self._registry.publish(tenant, to_bytes(config, params), lease.token, metrics)
-        )
+        record = await self._under_lease(self._registry.publish(tenant, blob, lease.token, metrics))
         await self._publisher.publish(
             ModelPublished.create(
                 tenant_id=tenant,
@@ -378,6 +423,7 @@ def _judge(
     unseen: TenantView,
     config: ShgatConfig,
     params: Params,
+    memory: ServedMemory | None,
     intents: Sequence[Intent],
     judged: Sequence[Judged],
     min_judged: int,
@@ -386,14 +432,20 @@ def _judge(
     candidate = ServingModel(config, params, serving.hierarchy)
     blind = candidate if unseen is serving else ServingModel(config, params, unseen.hierarchy)
     views = [(unseen, blind) if j.novel else (serving, candidate) for j in judged]
+    first = [serving.first_stage(i) for i in intents]
     return judge(
-        first_stage=[serving.first_stage(i) for i in intents],
+        first_stage=first,
         serving=[view.served(i) for (view, _), i in zip(views, intents, strict=True)],
         candidate_correction=[
             tool_scores(model, i.vector) for (_, model), i in zip(views, intents, strict=True)
         ],
         judged=judged,
         min_judged=min_judged,
+        candidate_memory=(
+            [memory.correction(f, i.vector) for f, i in zip(first, intents, strict=True)]
+            if memory is not None
+            else None
+        ),
     )
 
 

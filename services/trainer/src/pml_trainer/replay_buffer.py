@@ -203,6 +203,15 @@ class ReplayBuffer:
         raws = await self._redis.hvals(_Keys(tenant_id).traces)
         return {frozenset(Trace.model_validate_json(raw).path) for raw in raws}
 
+    async def newest(self, tenant_id: str, limit: int) -> list[Trace]:
+        """The `limit` most recently added traces, oldest first."""
+        k = _Keys(tenant_id)
+        ids = await self._redis.lrange(k.order, -limit, -1) if limit > 0 else []
+        if not ids:
+            return []
+        raws = await self._redis.hmget(k.traces, ids)
+        return [Trace.model_validate_json(raw) for raw in raws if raw is not None]
+
     async def priorities(self, tenant_id: str) -> dict[str, float]:
         """Every stored trace's priority p (before the alpha exponent)."""
         return dict(await self._scores(_Keys(tenant_id)))
