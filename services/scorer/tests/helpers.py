@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import neo4j
 import numpy as np
+from numpy.typing import NDArray
 from redis.asyncio import Redis
 
 from pml_common.bus import EventBus
@@ -177,8 +178,9 @@ async def publish_model(
     config: ShgatConfig,
     params: Params,
     metrics: dict[str, float] | None = None,
+    extra: dict[str, NDArray[np.generic]] | None = None,
 ) -> ModelRecord:
-    return await publish_blob(registry, redis, tenant, to_bytes(config, params), metrics)
+    return await publish_blob(registry, redis, tenant, to_bytes(config, params, extra), metrics)
 
 
 async def announce_model(
@@ -189,9 +191,11 @@ async def announce_model(
     config: ShgatConfig,
     params: Params,
     metrics: dict[str, float] | None = None,
+    extra: dict[str, NDArray[np.generic]] | None = None,
 ) -> ModelRecord:
-    """Publish a version and announce it with `ModelPublished`, as the trainer does."""
-    record = await publish_model(registry, redis, tenant, config, params, metrics)
+    """Publish a version and announce it with `ModelPublished`, as the trainer does; `extra`:
+    arrays published with it (an execution memory's)."""
+    record = await publish_model(registry, redis, tenant, config, params, metrics, extra)
     await bus.publish(
         ModelPublished.create(
             tenant_id=tenant,

@@ -23,8 +23,11 @@ from pml_common.prequential import PrequentialStore
 from pml_common.settings import Settings
 from pml_common.testing import eventually
 from pml_common.tool_first_stage import embed_intents
+from pml_common.tool_graph import read_tool_graph
 from pml_scorer.main import ScorerApp
-from pml_shgat.gating import WEIGHT_METRIC, tool_scores
+from pml_shgat.gating import MEMORY_WEIGHT_METRIC, WEIGHT_METRIC, tool_scores
+from pml_shgat.memory import FEATURES, Execution, MemoryRanker, memory_from_bytes
+from pml_shgat.params import to_bytes
 from pml_shgat.serving import ScoredNode, ServingModel
 
 from .helpers import (
@@ -380,6 +383,52 @@ async def test_tools_are_served_as_the_first_stage_plus_the_weighted_correction(
     reply = await _served_tools(stub, tenant, zero.version)
     assert reply.correction_weight == 0.0
     assert_same(reply.scores, alone)
+
+
+async def test_a_version_with_an_execution_memory_serves_its_weighted_correction(
+    app: ScorerApp,
+    stub: scorer_pb2_grpc.ScorerServiceStub,
+    reference: tuple[ServingModel, np.ndarray],
+    redis: Redis,
+    registry: ModelRegistry,
+    graph_db: neo4j.AsyncDriver,
+    settings: Settings,
+    tenant: str,
+) -> None:
+    hierarchy, config, initial = await untrained_reference(graph_db, settings, tenant, app.embedder)
+    first = await first_stage_reference(graph_db, settings, tenant, app.embedder, app.tool_embedder)
+    graph = await read_tool_graph(graph_db, settings.neo4j_database, tenant, app.embedder)
+    [intent] = await embed_intents([INTENT], app.embedder, app.tool_embedder)
+    ids = first.ids
+    alone = ranked(ids, first.scores(intent), 100)
+    # One remembered execution of this very request, which ran the first stage's sixth tool;
+    # the weights read the nearest intents' votes only.
+    executed = alone[5].id
+    weights = np.zeros(len(FEATURES) + 1)
+    weights[1 + FEATURES.index("neighbour_votes")] = 5.0
+    ranker = MemoryRanker(
+        (Execution(np.asarray(intent.vector, np.float32), (executed,)),),
+        weights,
+        np.zeros(len(FEATURES)),
+        np.ones(len(FEATURES)),
+    )
+    metrics = {WEIGHT_METRIC: 0.0, MEMORY_WEIGHT_METRIC: 2.0}
+    record = await announce_model(
+        app.bus, registry, redis, tenant, config, initial, metrics, ranker.to_arrays()
+    )
+    reply = await _served_tools(stub, tenant, record.version)
+    assert reply.memory_weight == 2.0 and reply.correction_weight == 0.0
+    stored = memory_from_bytes(to_bytes(config, initial, ranker.to_arrays()))
+    assert stored is not None
+    served = stored.serve(hierarchy.tool_ids, graph.servers_of(hierarchy.tool_ids))
+    scores = first.scores(intent)
+    assert_same(
+        reply.scores, ranked(ids, scores + 2.0 * served.correction(scores, intent.vector), 100)
+    )
+    assert reply.scores[0].id == executed != alone[0].id
+    info = await stub.ModelInfo(scorer_pb2.ModelInfoRequest(tenant_id=tenant), timeout=30)
+    assert info.memory_weight == 2.0 and info.memory_executions == 1
+    assert info.last_accepted.memory_weight == 2.0
 
 
 async def test_model_info_reports_weight_prequential_and_candidates(

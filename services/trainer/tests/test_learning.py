@@ -20,6 +20,7 @@ from pml_common.stores import redis_client
 from pml_common.tool_graph import ToolGraph, read_tool_graph
 from pml_shgat.gating import WEIGHT_GRID
 from pml_shgat.hierarchy import Hierarchy
+from pml_shgat.memory import memory_from_bytes
 from pml_shgat.params import from_bytes, init_params, make_config, to_bytes
 from pml_shgat.serving import ServingModel
 from pml_trainer.graph_store import GraphStore
@@ -333,6 +334,43 @@ async def test_a_version_better_than_the_serving_one_and_the_first_stage_is_publ
     assert _decisive(m, "candidate") > _decisive(m, "serving")
     assert _decisive(m, "candidate") > _decisive(m, "first_stage")
     assert await rig.registry.last_rejected(tenant) is None
+
+
+async def test_a_candidate_whose_memory_knows_these_users_is_published_with_it(
+    rig: Rig, tenant: str, driver, settings: Settings
+) -> None:
+    """SHGAT misleads, but the executions remembered show what these users run for such words:
+    the version is published with its execution memory weighted and SHGAT's correction at 0."""
+    graph, h, _, bad = await _gate_situation(rig, driver, settings, tenant)
+    spec = {c.id: c for c in CAPABILITIES}
+    remembered = [
+        Trace(trace_id=f"seen-{cap}-{j}", intent=intent, path=spec[SHIFTED[cap]].tools, outcome=1)
+        for cap, intents in INTENTS.items()
+        for j, intent in enumerate(intents)
+        for _ in range(3)  # each habit seen three times: still two others when one is left out
+    ]
+    remembered = [
+        t.model_copy(update={"trace_id": f"{t.trace_id}-{i}"}) for i, t in enumerate(remembered)
+    ]
+    for trace in remembered:
+        await rig.buffer.add(tenant, trace)
+    lease = await rig.lock.try_acquire()
+    assert lease is not None
+    async with rig.lock.hold(lease):
+        config, params = from_bytes(bad)
+        record = await rig.loop.admit(
+            tenant, lease, graph, h, None, config, params, {}, remembered=remembered
+        )
+    m = record.metrics
+    assert m["accepted"] == 1.0, m
+    assert m["memory_weight"] > 0.0 and m["correction_weight"] == 0.0
+    assert m["memory_executions"] == len(remembered)
+    assert _decisive(m, "candidate") > _decisive(m, "first_stage")
+    current = await rig.registry.current(tenant)
+    assert current is not None and current[0].version == record.version
+    memory = memory_from_bytes(current[1])
+    assert memory is not None
+    assert [e.tools for e in memory.executions] == [tuple(t.path) for t in remembered]
 
 
 async def test_no_version_is_published_without_enough_held_back_executions(
