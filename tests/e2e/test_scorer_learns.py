@@ -242,12 +242,15 @@ def test_executions_lead_to_a_served_model_that_prefers_the_executed_capability(
         admitted.first_stage_recall_at_5,
         admitted.first_stage_mrr,
     )
-    assert info.correction_weight == admitted.correction_weight > 0  # type: ignore[attr-defined]
+    # served with the weights it was admitted with: SHGAT's, the execution memory's, or both
+    weights = (admitted.correction_weight, admitted.memory_weight)
+    assert (info.correction_weight, info.memory_weight) == weights  # type: ignore[attr-defined]
+    assert sum(weights) > 0
     tools = scorer.ScoreTools(
         scorer_pb2.ScoreRequest(tenant_id=e2e_tenant, text=PROBE, top_k=3), timeout=30
     )
     assert tools.model_version == info.version  # type: ignore[attr-defined]
-    assert tools.correction_weight == admitted.correction_weight
+    assert (tools.correction_weight, tools.memory_weight) == weights
     # and the decision was exported
     eventually(
         lambda: collector.latest(
