@@ -99,9 +99,10 @@ class Memory:
         self.intents = intents / np.where(norms > 0, norms, 1.0)
         n, s = self.num_tools, len(server_index)
         self.tool_incidence = _incidence(self.tools, n)
-        self.server_incidence = _incidence(self.servers, max(s, 1))
+        # Executions × servers is small (1,000 × a few hundred) and read by columns: dense.
+        self.server_incidence = _incidence(self.servers, max(s, 1)).toarray() > 0
         self.use = np.asarray(self.tool_incidence.sum(axis=0)).ravel()
-        self.server_use = np.asarray(self.server_incidence.sum(axis=0)).ravel()
+        self.server_use = self.server_incidence.sum(axis=0)
         self.co_use = (self.tool_incidence.T @ self.tool_incidence).tocsr()
 
     def __len__(self) -> int:
@@ -123,10 +124,10 @@ class Memory:
         co = self._co_use_with_leaders(cand, leaders, scores, own)
         servers = self.server_of[cand]
         server_use = self.server_use[servers] - np.isin(servers, own_servers)
+        same = servers[:, None] == servers[None, :]
         top10 = min(10, k)
-        mass = max(float(s[:top10].sum()), 1e-12)
-        share = np.asarray([s[:top10][servers[:top10] == v].sum() / mass for v in servers])
-        rank_in_server = np.asarray([np.sum(servers[:r] == servers[r]) for r in range(k)])
+        share = same[:, :top10] @ s[:top10] / max(float(s[:top10].sum()), 1e-12)
+        rank_in_server = np.tril(same, -1).sum(axis=1)
         columns = (
             s,
             s - s[0],
@@ -146,7 +147,7 @@ class Memory:
         self, cand: IntArray, leaders: IntArray, scores: FloatArray, own: IntArray
     ) -> FloatArray:
         """Σ over leaders a ≠ t of score(a) · P(t | a) in executions (co-use / use of a)."""
-        block = self.co_use[leaders][:, cand].toarray().astype(np.float64)
+        block = self.co_use[leaders].toarray()[:, cand].astype(np.float64)
         if len(own):
             block -= np.outer(np.isin(leaders, own), np.isin(cand, own))
         block[leaders[:, None] == cand[None, :]] = 0.0
@@ -173,12 +174,11 @@ class Memory:
 
     def _server_co_use(self, servers: IntArray, exclude: int | None) -> FloatArray:
         """Executions that used a leader's server, counted per candidate's server."""
-        leading = np.unique(servers[:LEADERS])
-        hits = np.asarray(self.server_incidence[:, leading].sum(axis=1)).ravel() > 0
+        hits = self.server_incidence[:, np.unique(servers[:LEADERS])].any(axis=1)
         if exclude is not None:
             hits[exclude] = False
-        counts = np.asarray(self.server_incidence[hits].sum(axis=0), dtype=np.float64).ravel()
-        return counts[servers] if counts.size else np.zeros(len(servers))
+        counts = hits.astype(np.float64) @ self.server_incidence[:, servers]
+        return np.asarray(counts, dtype=np.float64)
 
 
 def _incidence(rows: Sequence[IntArray], width: int) -> sparse.csr_matrix:
