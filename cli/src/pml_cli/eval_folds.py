@@ -236,7 +236,11 @@ def learn_from(
         served = wait_for_model(settings, tenant, len(events))
     verdict = "admitted" if served.admitted else "rejected by the trainer's gate"
     verdict = verdict if served.complete else served.note
-    console.log(f"{label}: serving model {served.version or '(first stage)'}; last one {verdict}")
+    w, m = served.weights
+    console.log(
+        f"{label}: serving model {served.version or '(first stage)'} (weights: SHGAT {w:g}, "
+        f"memory {m:g}); last one {verdict}"
+    )
     return served
 
 
@@ -316,6 +320,8 @@ class ServedModel:
     admitted: bool
     complete: bool = True
     note: str = ""
+    #: The served version's weights of SHGAT's correction and of the execution memory's.
+    weights: tuple[float, float] = (0.0, 0.0)
 
 
 def wait_for_model(settings: Settings, tenant: str, executions: int) -> ServedModel:
@@ -334,10 +340,11 @@ def wait_for_model(settings: Settings, tenant: str, executions: int) -> ServedMo
             time.sleep(1.0)
             continue
         version = str(info.version)
+        weights = (float(info.correction_weight), float(info.memory_weight))
         if covered(info.metrics) >= executions:
-            return ServedModel(version, True)
+            return ServedModel(version, True, weights=weights)
         if covered(asyncio.run(_rejected_metrics(settings, tenant))) >= executions:
-            return ServedModel(version, False)
+            return ServedModel(version, False, weights=weights)
         time.sleep(1.0)
     note = f"no model accounted for all {executions} executions within {TRAINING_TIMEOUT_S:.0f}s"
     return ServedModel(version, False, complete=False, note=note)
