@@ -9,6 +9,7 @@ from pml_shgat.gating import (
     MIN_NOVEL,
     WEIGHT_GRID,
     WITHDRAWN,
+    Figures,
     Judged,
     better,
     choose_weight,
@@ -119,3 +120,14 @@ def test_a_serving_version_the_first_stage_now_beats_is_withdrawn() -> None:
     # the same candidate while the first stage itself is served: nothing to withdraw
     again = judge(first, first, useless, judged, min_judged=3)
     assert not again.accepted and "serving" in again.reason
+
+
+def test_more_of_the_executed_tools_in_the_top_five_does_not_excuse_a_first_step_pushed_down() -> (
+    None
+):
+    # recall@5 up by 0.2, the first executed tool from rank 1 to rank 3: not better
+    wider = Figures(0.3, 0.9, 1.0, 3.0, 1 / 3, 10)
+    sharper = Figures(0.5, 0.7, 0.9, 1.0, 1.0, 10)
+    assert not better(wider, sharper)
+    # the same recall gain with the first step where it was: better
+    assert better(Figures(0.5, 0.9, 1.0, 1.0, 1.0, 10), sharper)

@@ -43,6 +43,8 @@ CUTOFFS = (1, 5, 10)
 DECIDING_K = 5
 RECALL_MARGIN = 0.01
 MRR_MARGIN = 0.005
+#: How much worse the mean reciprocal rank may be in a ranking that counts as better.
+MRR_TOLERANCE = 0.01
 #: Novel held-back executions needed before they can bar a weight (fewer say too little).
 MIN_NOVEL = 5
 
@@ -127,7 +129,11 @@ def figures(rows: Sequence[FloatArray], judged: Sequence[Judged]) -> Figures:
 
 def better(a: Figures, b: Figures) -> bool:
     """Whether `a` ranks better than `b`: recall@5 beyond the margin, or equal within it and a
-    better mean reciprocal rank of the first executed tool."""
+    better mean reciprocal rank of the first executed tool; never with that reciprocal rank
+    worse by more than `MRR_TOLERANCE` (a gateway acts on the first tools: more of the executed
+    tools in the top five does not make up for a first step pushed down)."""
+    if a.mrr < b.mrr - MRR_TOLERANCE:
+        return False
     if a.recall_at_5 > b.recall_at_5 + RECALL_MARGIN:
         return True
     if a.recall_at_5 < b.recall_at_5 - RECALL_MARGIN:
