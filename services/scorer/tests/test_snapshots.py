@@ -19,13 +19,17 @@ from pml_common.tool_first_stage import FusedFirstStage
 from pml_scorer.models import TenantModel
 from pml_scorer.snapshots import ModelSnapshots
 from pml_shgat.hierarchy import Hierarchy
+from pml_shgat.memory import FEATURES, Execution, MemoryRanker, ServedMemory
 from pml_shgat.params import init_params, make_config
 from pml_shgat.serving import ServingModel
 
 DIM = 16
 
 
-def tenant_model(tenant: str, version: int, *, empty: bool = False) -> TenantModel:
+def tenant_model(
+    tenant: str, version: int, *, empty: bool = False, remembered: int = 0
+) -> TenantModel:
+    """A model of one tool (none when `empty`), with an execution memory of `remembered`."""
     tools = {} if empty else {"a:b": np.ones(DIM)}
     hierarchy = Hierarchy.build(tools, [], dim=DIM)
     config = make_config(DIM, 8, hierarchy.num_nodes)
@@ -41,7 +45,18 @@ def tenant_model(tenant: str, version: int, *, empty: bool = False) -> TenantMod
         graph_digest=b"",
         registry_version=record.version,
         baseline=FusedFirstStage.of_vectors(list(tools), list(tools.values())),
+        memory=_memory(remembered, list(tools)) if remembered else None,
     )
+
+
+def _memory(executions: int, tools: list[str]) -> ServedMemory:
+    ranker = MemoryRanker(
+        tuple(Execution(np.ones(DIM), tuple(tools)) for _ in range(executions)),
+        np.zeros(len(FEATURES) + 1),
+        np.zeros(len(FEATURES)),
+        np.ones(len(FEATURES)),
+    )
+    return ranker.serve(tools, ["a"] * len(tools))
 
 
 @dataclass
@@ -49,6 +64,7 @@ class GatedBuilder:
     """Builds version 1, 2, 3… each only once the test lets it finish."""
 
     empty: bool = False
+    remembered: int = 0
     started: int = 0
     finished: int = 0
     fail_next: bool = False
@@ -63,7 +79,7 @@ class GatedBuilder:
             self.fail_next = False
             raise ConnectionError("neo4j is down")
         self.finished += 1
-        return tenant_model(tenant, self.finished, empty=self.empty)
+        return tenant_model(tenant, self.finished, empty=self.empty, remembered=self.remembered)
 
     def release(self, builds: int = 1) -> None:
         for _ in range(builds):
@@ -191,6 +207,15 @@ async def test_past_the_capacity_the_least_recently_used_tenant_is_dropped_then_
     builder.release()
     assert (await snapshots.get("t")).version == "v3"  # built again on its next request
     assert snapshots.loaded() == ["t"]
+
+
+async def test_remembered_executions_weigh_in_the_bound() -> None:
+    builder = GatedBuilder(remembered=3)
+    snapshots = ModelSnapshots(builder, max_nodes=6)  # two models of one tool would fit
+    builder.release(2)
+    await snapshots.get("t")
+    await snapshots.get("u")
+    assert snapshots.loaded() == ["u"]  # each weighs 1 tool + 3 executions
 
 
 async def test_a_tenant_being_rebuilt_is_not_dropped_for_another() -> None:

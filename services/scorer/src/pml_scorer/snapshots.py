@@ -60,7 +60,9 @@ class _Slot:
 
 
 def _nodes(model: TenantModel) -> int:
-    return max(1, model.model.hierarchy.num_nodes)
+    """Graph nodes, plus one per remembered execution (an intent vector each, like a node)."""
+    remembered = len(model.memory.memory) if model.memory is not None else 0
+    return max(1, model.model.hierarchy.num_nodes + remembered)
 
 
 class ModelSnapshots:

@@ -157,7 +157,9 @@ MAX_NODES: int = Settings.model_fields["trainer_cache_max_nodes"].default
 
 
 def _nodes(view: TenantView) -> int:
-    return max(1, view.hierarchy.num_nodes)
+    """Graph nodes, plus one per remembered execution (an intent vector each, like a node)."""
+    remembered = len(view.memory.memory) if view.memory is not None else 0
+    return max(1, view.hierarchy.num_nodes + remembered)
 
 
 class TenantViews:
