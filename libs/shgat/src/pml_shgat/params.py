@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from pml_shgat.memory import is_memory_array
+from pml_shgat.memory import MemoryRanker, is_memory_array, memory_from_bytes
 
 FloatArray = NDArray[np.float64]
 Params = dict[str, FloatArray]
@@ -126,6 +126,13 @@ def from_bytes(blob: bytes) -> tuple[ShgatConfig, Params]:
     params.pop("__config__")
     _check_shapes(config, params)
     return config, params
+
+
+def read_version(blob: bytes) -> tuple[ShgatConfig, Params, MemoryRanker | None]:
+    """A published version's SHGAT config and parameters and its execution memory, if any;
+    raises on bytes that do not hold a usable version."""
+    config, params = from_bytes(blob)
+    return config, params, memory_from_bytes(blob)
 
 
 def _check_shapes(config: ShgatConfig, params: Params) -> None:

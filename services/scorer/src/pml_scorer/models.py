@@ -35,8 +35,8 @@ from pml_common.tool_first_stage import FusedFirstStage, Intent
 from pml_common.tool_graph import ToolGraph, read_tool_graph
 from pml_shgat.gating import MEMORY_WEIGHT_METRIC, WEIGHT_METRIC, served_scores, tool_scores
 from pml_shgat.hierarchy import Hierarchy
-from pml_shgat.memory import MemoryRanker, ServedMemory, memory_from_bytes
-from pml_shgat.params import Params, ShgatConfig, from_bytes, init_params, make_config
+from pml_shgat.memory import MemoryRanker, ServedMemory
+from pml_shgat.params import Params, ShgatConfig, init_params, make_config, read_version
 from pml_shgat.serving import ScoredNode, ServingModel
 
 #: Version reported while a tenant has no usable published model.
@@ -191,8 +191,7 @@ class ModelBuilder:
             return None
         record, blob = published
         try:
-            config, params = from_bytes(blob)
-            ranker = memory_from_bytes(blob)
+            config, params, ranker = read_version(blob)
         except Exception as exc:  # any unreadable blob: the tenant must still be served
             log.error(
                 "scorer.model_unreadable",

@@ -43,8 +43,8 @@ from pml_shgat.gating import (
     tool_scores,
 )
 from pml_shgat.hierarchy import Hierarchy
-from pml_shgat.memory import ServedMemory, memory_from_bytes
-from pml_shgat.params import from_bytes
+from pml_shgat.memory import ServedMemory
+from pml_shgat.params import read_version
 from pml_shgat.serving import ServingModel
 from pml_trainer.replay_buffer import Trace
 
@@ -112,8 +112,7 @@ def build_view(
         return untrained
     record, blob = published
     try:
-        config, params = from_bytes(blob)
-        ranker = memory_from_bytes(blob)
+        config, params, ranker = read_version(blob)
     except Exception as exc:  # the scorer serves the first stage alone then, and so do we
         log.error("evaluation.model_unreadable", version=record.version, error=repr(exc))
         return untrained
