@@ -5,6 +5,9 @@
   servicer, snapshot holder and model (the hierarchy is handed to the scorer directly instead
   of being read from Neo4j, so the figure is the serving path alone). `inproc_p50_ms` is the
   model's own time; `build_s` the propagation + key precomputation of that version.
+- `tools_p50_ms` / `tools_p99_ms`: `ScoreTools` over gRPC on the same tools, served as a
+  published version is, `first stage + SHGAT + execution memory`, with a memory of
+  `memory_executions` remembered executions (`memory_inproc_p50_ms`: the memory's own time).
 - `train_step_ms`: one PER training step (32 traces, one example per path node) on a smaller
   synthetic hierarchy (`train_graph_nodes`).
 - `event_to_serving_s`: through the running system (or a private one), the wall time from
@@ -42,6 +45,7 @@ from pml_scorer.models import TenantModel
 from pml_scorer.service import ScorerServicer
 from pml_scorer.snapshots import ModelSnapshots
 from pml_shgat.hierarchy import CapabilityInput, Hierarchy, normalise_rows
+from pml_shgat.memory import CAPACITY, FEATURES, Execution, MemoryRanker, ServedMemory
 from pml_shgat.params import init_params, make_config
 from pml_shgat.serving import ServingModel
 from pml_shgat.training import ShgatTrainer, make_batch, path_examples
@@ -72,10 +76,18 @@ def bench_scorer(
         started = time.perf_counter()
         model = ServingModel(config, params, hierarchy)
         build_s = time.perf_counter() - started
+        memory = _synthetic_memory(hierarchy, CAPACITY, rng)
     intents = normalise_rows(rng.standard_normal((64, dim)))
     with phase(console, f"measured: {INPROC_CALLS} in-process scorings"):
         inproc = _timed(lambda i: model.score_capabilities(intents[i % 64], 10), INPROC_CALLS)
-    latencies = asyncio.run(_grpc_latencies(settings, model, embedder, intents, requests, console))
+    first = np.asarray(hierarchy.features[: hierarchy.num_tools] @ intents.T).T
+    with phase(console, f"measured: {INPROC_CALLS} in-process execution-memory corrections"):
+        remembered = _timed(
+            lambda i: memory.correction(first[i % 64], intents[i % 64]), INPROC_CALLS
+        )
+    latencies, tools = asyncio.run(
+        _grpc_latencies(settings, model, memory, embedder, intents, requests, console)
+    )
     result: dict[str, Any] = {
         "capabilities": capabilities,
         "tools": hierarchy.num_tools,
@@ -85,6 +97,10 @@ def bench_scorer(
         "p50_ms": _ms(statistics.median(latencies)),
         "p99_ms": _ms(float(np.percentile(latencies, 99))),
         "inproc_p50_ms": _ms(statistics.median(inproc)),
+        "tools_p50_ms": _ms(statistics.median(tools)),
+        "tools_p99_ms": _ms(float(np.percentile(tools, 99))),
+        "memory_executions": len(memory.memory),
+        "memory_inproc_p50_ms": _ms(statistics.median(remembered)),
     }
     result |= _train_step(dim, settings.shgat_key_dim, rng, console)
     result |= _event_to_serving(settings, rounds, console)
@@ -109,11 +125,35 @@ def _synthetic_hierarchy(
     return Hierarchy.build(dict(zip(tool_ids, vectors, strict=True)), caps)
 
 
-class _FixedBuilder:
-    """Hands the synthetic model to the snapshot holder (no Neo4j at this size)."""
+def _synthetic_memory(
+    hierarchy: Hierarchy, executions: int, rng: np.random.Generator
+) -> ServedMemory:
+    """Remembered executions of 2-4 random tools over the hierarchy's tools (50 servers); the
+    weights do not change the cost, so they are not fitted."""
+    ids = hierarchy.tool_ids
+    remembered = tuple(
+        Execution(
+            normalise_rows(rng.standard_normal((1, hierarchy.dim)))[0].astype(np.float32),
+            tuple(
+                ids[i] for i in rng.choice(len(ids), size=int(rng.integers(2, 5)), replace=False)
+            ),
+        )
+        for _ in range(executions)
+    )
+    width = len(FEATURES)
+    ranker = MemoryRanker(
+        remembered, rng.standard_normal(width + 1), np.zeros(width), np.ones(width)
+    )
+    return ranker.serve(ids, [f"server{i % 50}" for i in range(len(ids))])
 
-    def __init__(self, model: ServingModel) -> None:
+
+class _FixedBuilder:
+    """Hands the synthetic model to the snapshot holder (no Neo4j at this size), served as a
+    published version with both corrections at weight 1."""
+
+    def __init__(self, model: ServingModel, memory: ServedMemory) -> None:
         self._model = model
+        self._memory = memory
         hierarchy = model.hierarchy
         self._first_stage = FusedFirstStage.of_vectors(
             hierarchy.tool_ids, list(hierarchy.features[: hierarchy.num_tools])
@@ -128,22 +168,27 @@ class _FixedBuilder:
             graph_digest=b"",
             registry_version=None,
             baseline=self._first_stage,
+            weight=1.0,
+            memory=self._memory,
+            memory_weight=1.0,
         )
 
 
 async def _grpc_latencies(
     settings: Settings,
     model: ServingModel,
+    memory: ServedMemory,
     embedder: Embedder,
     intents: np.ndarray,
     requests: int,
     console: Console,
-) -> list[float]:
+) -> tuple[list[float], list[float]]:
+    """Seconds of each of `requests` ScoreCapabilities, then of as many ScoreTools."""
     # A private loopback server: plaintext and no token, whatever the environment asks of the
     # real services, so the figures are comparable from one run to the next.
     settings = settings.model_copy(update={"tls_enabled": False, "auth_enabled": False})
     server = GrpcServer(settings, 0, "scorer-bench")
-    servicer = ScorerServicer(settings, ModelSnapshots(_FixedBuilder(model)), embedder)
+    servicer = ScorerServicer(settings, ModelSnapshots(_FixedBuilder(model, memory)), embedder)
     server.add(
         lambda s: scorer_pb2_grpc.add_ScorerServiceServicer_to_server(servicer, s),
         "pml.v1.ScorerService",
@@ -160,15 +205,21 @@ async def _grpc_latencies(
             ]
             with phase(console, "warm-up: a first ScoreCapabilities loads the model"):
                 await stub.ScoreCapabilities(messages[0], timeout=120)
-            latencies = []
-            what = f"measured: {requests} ScoreCapabilities over gRPC"
-            with counted_phase(console, what, requests) as bar:
-                for i in range(requests):
-                    started = time.perf_counter()
-                    await stub.ScoreCapabilities(messages[i % len(messages)], timeout=30)
-                    latencies.append(time.perf_counter() - started)
-                    bar.advance()
-            return latencies
+            timed = []
+            for name, call in (
+                ("ScoreCapabilities", stub.ScoreCapabilities),
+                ("ScoreTools", stub.ScoreTools),
+            ):
+                latencies = []
+                what = f"measured: {requests} {name} over gRPC"
+                with counted_phase(console, what, requests) as bar:
+                    for i in range(requests):
+                        started = time.perf_counter()
+                        await call(messages[i % len(messages)], timeout=30)
+                        latencies.append(time.perf_counter() - started)
+                        bar.advance()
+                timed.append(latencies)
+            return timed[0], timed[1]
     finally:
         await server.stop()
 
