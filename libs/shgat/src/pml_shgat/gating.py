@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from pml_shgat.memory import ServedMemory
 from pml_shgat.serving import ServingModel
 
 #: Weights tried for the correction; 0 (the first stage alone) must stay first.
@@ -277,6 +278,23 @@ def judge(
     else:
         reason, accepted = "better than the serving version and the first stage", True
     return Verdict(accepted, reason, *weights, cand, now, base, *novel_figures)
+
+
+def served_tool_scores(
+    first_stage: FloatArray,
+    intent: FloatArray,
+    shgat: ServingModel | None,
+    weight: float,
+    memory: ServedMemory | None,
+    memory_weight: float,
+) -> FloatArray:
+    """What `ScoreTools` serves for an intent (its embedding `intent`): the first stage plus
+    each correction at its weight; a correction at weight 0 is not computed."""
+    correction = tool_scores(shgat, intent) if shgat is not None and weight else None
+    remembered = (
+        memory.correction(first_stage, intent) if memory is not None and memory_weight else None
+    )
+    return served_scores(served_scores(first_stage, correction, weight), remembered, memory_weight)
 
 
 def tool_scores(model: ServingModel, intent: FloatArray) -> FloatArray:

@@ -33,7 +33,7 @@ from pml_common.embedding import Embedder
 from pml_common.model_registry import ModelRecord, ModelRegistry
 from pml_common.tool_first_stage import FusedFirstStage, Intent
 from pml_common.tool_graph import ToolGraph, read_tool_graph
-from pml_shgat.gating import MEMORY_WEIGHT_METRIC, WEIGHT_METRIC, served_scores, tool_scores
+from pml_shgat.gating import MEMORY_WEIGHT_METRIC, WEIGHT_METRIC, served_tool_scores
 from pml_shgat.hierarchy import Hierarchy
 from pml_shgat.memory import MemoryRanker, ServedMemory
 from pml_shgat.params import Params, ShgatConfig, init_params, make_config, read_version
@@ -70,15 +70,14 @@ class TenantModel:
 
     def tool_scores(self, intent: Intent) -> NDArray[np.floating]:
         """Served score of every tool: first stage + w · SHGAT + m · memory (hierarchy order)."""
-        first = self.baseline.scores(intent)
-        correction = tool_scores(self.model, intent.vector) if self.weight else None
-        remembered = (
-            self.memory.correction(first, intent.vector)
-            if self.memory is not None and self.memory_weight
-            else None
+        return served_tool_scores(
+            self.baseline.scores(intent),
+            intent.vector,
+            self.model,
+            self.weight,
+            self.memory,
+            self.memory_weight,
         )
-        shgat = served_scores(first, correction, self.weight)
-        return served_scores(shgat, remembered, self.memory_weight)
 
     def score_tools(self, intent: Intent, top_k: int) -> list[ScoredNode]:
         """The `top_k` tools by served score, best first (ties keep hierarchy order)."""

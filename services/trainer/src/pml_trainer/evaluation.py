@@ -39,8 +39,7 @@ from pml_shgat.gating import (
     WEIGHT_METRIC,
     Judged,
     one_figures,
-    served_scores,
-    tool_scores,
+    served_tool_scores,
 )
 from pml_shgat.hierarchy import Hierarchy
 from pml_shgat.memory import ServedMemory
@@ -83,19 +82,14 @@ class TenantView:
         return self.baseline.scores(intent)
 
     def served(self, intent: Intent) -> NDArray[np.floating]:
-        first = self.first_stage(intent)
-        correction = tool_scores(self.serving, intent.vector) if self.serving is not None else None
-        memory = self.memory_correction(first, intent) if self.memory_weight else None
-        return served_scores(
-            served_scores(first, correction, self.weight), memory, self.memory_weight
+        return served_tool_scores(
+            self.first_stage(intent),
+            intent.vector,
+            self.serving,
+            self.weight,
+            self.memory,
+            self.memory_weight,
         )
-
-    def memory_correction(
-        self, first_stage: NDArray[np.floating], intent: Intent
-    ) -> NDArray[np.floating] | None:
-        if self.memory is None:
-            return None
-        return self.memory.correction(first_stage, intent.vector)
 
 
 def build_view(
