@@ -82,9 +82,24 @@ def test_a_partner_always_run_with_the_leader_is_raised_into_the_top_five() -> N
     # A new request: the leader t02 first, its partner t07 at rank 9, the intent unlike any seen.
     first = _first_stage(rng, 2, 7, 9)
     correction = served.correction(first, _unit(rng))
-    assert np.count_nonzero(correction) == min(TOP_K, len(TOOLS))
+    assert np.all(correction[np.argsort(-first)[:TOP_K]] > 0)
     ranked = list(np.argsort(-(first + 4.0 * correction), kind="stable"))
     assert ranked.index(7) < 5 <= list(np.argsort(-first, kind="stable")).index(7)
+
+
+def test_a_tool_the_nearest_intents_ran_is_a_candidate_wherever_the_first_stage_ranks_it() -> None:
+    rng = np.random.default_rng(4)
+    intent = _unit(rng)
+    # one execution close to the request ran t59; the others ran tools of s0 and s1 only
+    executions = [*_executions(rng), Execution(intent + 0.05 * _unit(rng), ("t00", "t59"))]
+    memory = Memory(executions, TOOLS, SERVERS)
+    scores = np.linspace(1.0, 0.0, len(TOOLS))  # t59 last, t50-t58 also outside the top TOP_K
+    cand, rows = memory.features(scores, intent)
+    assert list(cand) == [*range(TOP_K), TOOLS.index("t59")]
+    assert rows[-1, FEATURES.index("neighbour_votes")] > 0
+    # read without that execution (as when fitting on it), nothing votes for t59
+    loo, _ = memory.features(scores, intent, exclude=len(executions) - 1)
+    assert list(loo) == list(range(TOP_K))
 
 
 def test_nothing_to_learn_gives_no_ranker() -> None:

@@ -4,8 +4,8 @@ The score served for tools is the untrained first stage plus a learned correctio
 
     served = first_stage + w · SHGAT's tool score + m · execution memory's score
 
-(both corrections are probabilities, 0..1; the memory's is 0 outside the first stage's top
-candidates, `pml_shgat.memory`), with the weights w and m chosen, per version, on executions
+(both corrections are probabilities, 0..1; the memory's is 0 outside its candidates,
+`pml_shgat.memory`), with the weights w and m chosen, per version, on executions
 that version did not train on (held back). (0, 0) is always in the grid, so on that set the
 served ranking is never worse than the first stage's. A candidate version replaces the serving
 one only if it ranks the executed tools of the held-back executions better than both the

@@ -3,8 +3,10 @@ executions ran together.
 
 SHGAT learns which tools suit which intents; it cannot say, for a task of a new kind, that tools
 run together before, or of the same server as the first stage's best candidate, belong in the same
-answer. Those regularities transfer to unseen workflows, and they are what this correction reads:
-for each of the first stage's `TOP_K` candidates, with the first stage's score and rank,
+answer. Those regularities transfer to unseen workflows, and they are what this correction reads.
+Its candidates are the first stage's `TOP_K` and every tool the `NEIGHBOURS` executed intents
+nearest to the request ran (wherever the first stage ranks it: what similar requests ran is
+evidence the first stage does not have); for each, with the first stage's score and rank,
 
 - how often executions used it, and with the first stage's `LEADERS` best candidates;
 - whether it shares the best candidate's server, its rank within its server, its server's share
@@ -34,7 +36,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import optimize, sparse
 
-#: Candidates re-ranked per request: the first stage's best `TOP_K`.
+#: Candidates re-ranked per request: the first stage's best `TOP_K` (and the neighbours' tools).
 TOP_K = 50
 #: The first stage's best candidates whose co-use and servers the other candidates are read against.
 LEADERS = 3
@@ -111,11 +113,11 @@ class Memory:
     def features(
         self, scores: FloatArray, intent: FloatArray, exclude: int | None = None
     ) -> tuple[IntArray, FloatArray]:
-        """The first stage's top candidates (best first) and their feature rows."""
+        """The candidates (`_candidates`, best first by the first stage) and their feature rows."""
         scores = np.asarray(scores, dtype=np.float64)
-        k = min(TOP_K, len(scores))
-        part = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(k)
-        cand = part[np.argsort(-scores[part], kind="stable")]
+        votes = self._neighbour_votes(intent, exclude)
+        cand = _candidates(scores, votes)
+        k = len(cand)
         own = self.tools[exclude] if exclude is not None else np.empty(0, np.int64)
         own_servers = self.servers[exclude] if exclude is not None else np.empty(0, np.int64)
         s = scores[cand]
@@ -135,7 +137,7 @@ class Memory:
             np.log1p(use),
             co,
             (servers == servers[0]).astype(np.float64),
-            self._neighbour_votes(cand, intent, exclude),
+            votes[cand],
             share,
             1.0 / (1.0 + rank_in_server),
             np.log1p(server_use),
@@ -155,11 +157,10 @@ class Memory:
         weights = scores[leaders] / np.maximum(use, 1)
         return np.asarray(weights @ block, dtype=np.float64)
 
-    def _neighbour_votes(
-        self, cand: IntArray, intent: FloatArray, exclude: int | None
-    ) -> FloatArray:
+    def _neighbour_votes(self, intent: FloatArray, exclude: int | None) -> FloatArray:
+        """Per tool, the summed similarity of the nearest executed intents that ran it."""
         if not len(self):
-            return np.zeros(len(cand))
+            return np.zeros(self.num_tools)
         vector = np.asarray(intent, dtype=np.float32)
         vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
         sims = (self.intents @ vector).astype(np.float64)
@@ -170,7 +171,7 @@ class Memory:
         nearest = nearest[np.isfinite(sims[nearest])]
         weights = np.maximum(sims[nearest], 0.0)
         votes = np.asarray(weights @ self.tool_incidence[nearest].toarray(), dtype=np.float64)
-        return votes.ravel()[cand] if votes.size else np.zeros(len(cand))
+        return votes.ravel() if votes.size else np.zeros(self.num_tools)
 
     def _server_co_use(self, servers: IntArray, exclude: int | None) -> FloatArray:
         """Executions that used a leader's server, counted per candidate's server."""
@@ -179,6 +180,14 @@ class Memory:
             hits[exclude] = False
         counts = hits.astype(np.float64) @ self.server_incidence[:, servers]
         return np.asarray(counts, dtype=np.float64)
+
+
+def _candidates(scores: FloatArray, votes: FloatArray) -> IntArray:
+    """The first stage's best `TOP_K` and every tool with a neighbour's vote, by score."""
+    k = min(TOP_K, len(scores))
+    top = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(k)
+    union = np.union1d(top, np.flatnonzero(votes > 0))
+    return np.asarray(union[np.argsort(-scores[union], kind="stable")], dtype=np.int64)
 
 
 def _incidence(rows: Sequence[IntArray], width: int) -> sparse.csr_matrix:
@@ -253,7 +262,7 @@ class ServedMemory:
     memory: Memory
 
     def correction(self, scores: FloatArray, intent: FloatArray) -> FloatArray:
-        """Probability of being executed for the first stage's top candidates, 0 elsewhere."""
+        """Probability of being executed for the candidates (`Memory.features`), 0 elsewhere."""
         out = np.zeros(self.memory.num_tools, dtype=np.float64)
         if not len(self.memory) or not self.memory.num_tools:
             return out
