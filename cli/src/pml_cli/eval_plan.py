@@ -350,6 +350,11 @@ def chosen_methods(
         "default_next": info.next_method,
         "default_dag": info.dag_method,
         "judged_executions": info.executions,
+        # what the choice was made on: each method's prequential figures on the training runs
+        "prequential": {
+            m.method: {"next_hit@1": round(m.next_hit_at_1, 4), "node_f1": round(m.node_f1, 4)}
+            for m in info.methods
+        },
     }
 
 

@@ -11,12 +11,14 @@ from pml_planner.methods import METHODS, Inputs
 from pml_planner.planning import Candidate, TenantPlanner
 from pml_planner.prequential import (
     MIN_EVIDENCE,
+    Choice,
     MethodFigures,
     PrequentialStore,
     Summary,
     choose,
     figures_of,
     judged_tools,
+    margin,
     needs_of,
     node_f1,
 )
@@ -80,6 +82,7 @@ def _summary(next_hits: dict[str, int], f1: dict[str, float], n: int) -> Summary
 
 
 def test_the_best_method_is_chosen_once_every_method_has_enough_evidence() -> None:
+    # legacy beats search's order by 15/20 - 0 = 0.75, beyond the margin of 1/√20
     figures = _summary({"drdsp": 10, "legacy": 15}, {"search": 0.9, "drdsp": 0.5}, MIN_EVIDENCE)
     assert choose(figures, "next").method == "legacy"
     assert choose(figures, "next").source == "prequential"
@@ -95,12 +98,24 @@ def test_the_best_method_is_chosen_once_every_method_has_enough_evidence() -> No
     assert choose(Summary(partial), "next") == choose(short, "next")
 
 
-def test_ties_keep_drdsp() -> None:
-    tied = _summary({"drdsp": 12, "legacy": 12, "search": 12}, {}, MIN_EVIDENCE)
+def test_search_order_stays_unless_beaten_beyond_the_margin() -> None:
+    n = 400  # margin 1/√400 = 0.05
+    tied = _summary({"drdsp": 200, "legacy": 200, "search": 200}, {}, n)
+    assert choose(tied, "next") == Choice("search", "prequential")
+    within = _summary({"drdsp": 219, "search": 200}, {"drdsp": 0.54, "search": 0.5}, n)
+    assert choose(within, "next").method == "search"
+    assert choose(within, "dag").method == "search"
+    beyond = _summary({"drdsp": 221, "search": 200}, {"drdsp": 0.56, "search": 0.5}, n)
+    assert choose(beyond, "next").method == "drdsp"
+    assert choose(beyond, "dag").method == "drdsp"
+    assert margin(n) == pytest.approx(0.05)
+
+
+def test_ties_between_the_others_keep_drdsp() -> None:
+    tied = _summary({"drdsp": 12, "legacy": 12, "search": 1}, {}, MIN_EVIDENCE)
     assert choose(tied, "next").method == "drdsp"
-    assert choose(tied, "next").source == "prequential"
-    others = _summary({"drdsp": 1, "discovery": 12, "search": 12}, {}, MIN_EVIDENCE)
-    assert choose(others, "next").method == "discovery"  # then the earlier of METHODS
+    others = _summary({"drdsp": 1, "discovery": 12, "legacy": 12}, {}, MIN_EVIDENCE)
+    assert choose(others, "next").method == "legacy"  # then the earlier of METHODS
 
 
 async def test_the_store_adds_executions_and_is_deleted_with_the_tenant(
