@@ -17,6 +17,7 @@ propose, never decide.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Sequence
@@ -249,7 +250,12 @@ def _find(haystack: Sequence[str], needle: Sequence[str]) -> list[int]:
     n = len(needle)
     if n == 0:
         return []
-    return [i for i in range(len(haystack) - n + 1) if tuple(haystack[i : i + n]) == tuple(needle)]
+    first, whole = needle[0], tuple(needle)
+    return [
+        i
+        for i in range(len(haystack) - n + 1)
+        if haystack[i] == first and tuple(haystack[i : i + n]) == whole
+    ]
 
 
 def names_concept(text: str, key: str) -> bool:
@@ -295,10 +301,27 @@ def cue_between(gap: Sequence[str]) -> tuple[str, bool] | None:
     return None
 
 
+def _tokenized(sentence: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The sentence's keyed words and, index for index, its words as written (the keyed ones
+    again when the two do not align: unusual scripts have no case to rely on)."""
+    tokens = tuple(_keyed(sentence))
+    cased = tuple(_cased_words(sentence))
+    return tokens, cased if len(cased) == len(tokens) else tokens
+
+
+#: Sentences whose words one verifier keeps (a pair's sections are read sentence by sentence,
+#: and the sections of a batch are shared by many pairs).
+SENTENCE_CACHE = 16384
+
+
 class RuleVerifier:
     """Deterministic: a sentence naming both concepts with a relation cue between them."""
 
     name = "rules"
+
+    def __init__(self) -> None:
+        # Tokenising is most of the work, and a pure function of the sentence: once per sentence.
+        self._tokenized = functools.lru_cache(maxsize=SENTENCE_CACHE)(_tokenized)
 
     async def verify(self, a: Concept, b: Concept, section: SectionEvidence) -> Verdict | None:
         for sentence in sentences(section.text):
@@ -310,10 +333,7 @@ class RuleVerifier:
     def _in_sentence(
         self, a: Concept, b: Concept, sentence: str, section: SectionEvidence
     ) -> Verdict | None:
-        tokens = _keyed(sentence)
-        cased = _cased_words(sentence)
-        if len(cased) != len(tokens):  # unusual scripts: no case information to rely on
-            cased = tokens
+        tokens, cased = self._tokenized(sentence)
         a_words, b_words = a.key.split(), b.key.split()
         a_at = [
             i for i in _find(tokens, a_words) if not _embedded(cased, tokens, i, i + len(a_words))
