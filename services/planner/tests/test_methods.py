@@ -14,6 +14,9 @@ from pml_planner.targets import Targets
 from .helpers import StandIns
 
 SEARCH_ORDER = ("s:c", "s:a", "s:d", "s:b", "s:e", "s:f", "s:g", "s:h")
+#: Search's best tools for each of the request's sub-goals, in the order it states them: the
+#: request as a whole ranks s:c first, but its first sub-goal is s:d's.
+CLAUSE_ORDER = (("s:d", "s:c"), ("s:h",), ("s:a", "s:c"))
 
 
 def _planner() -> TenantPlanner:
@@ -29,7 +32,12 @@ def _planner() -> TenantPlanner:
 def _inputs(needs: Needs) -> Inputs:
     targets = Targets((Candidate("B", 0.6), Candidate("A", 0.5)), "search")
     tools = tuple(Candidate(t, 1.0 - 0.1 * i) for i, t in enumerate(SEARCH_ORDER[: needs.tools]))
-    return Inputs(targets if needs.capabilities else methods.NO_TARGETS, tools)
+    clauses = tuple(tuple(Candidate(t, 0.9) for t in c) for c in CLAUSE_ORDER)
+    return Inputs(
+        targets if needs.capabilities else methods.NO_TARGETS,
+        tools,
+        clauses if needs.clauses else (),
+    )
 
 
 def test_inputs_fetched_once_for_all_give_each_request_its_own_answer() -> None:
@@ -48,9 +56,24 @@ def test_inputs_fetched_once_for_all_give_each_request_its_own_answer() -> None:
         ), method
 
 
+def test_the_first_step_is_the_one_the_request_states_first() -> None:
+    planner = _planner()
+    for method in ("search", "legacy", "discovery"):
+        first = methods.predict_next(method, planner, _inputs(methods.next_needs(method, [])), [])
+        # of search's five, the best of the first sub-goal, then of the third; s:h (best of
+        # the second) is not among search's five
+        assert [c.id for c in first.candidates] == ["s:d", "s:a", "s:c", "s:b", "s:e"], method
+    # once a step has run, search's order without it
+    later = methods.predict_next(
+        "search", planner, _inputs(methods.next_needs("search", ["s:d"])), ["s:d"]
+    )
+    assert [c.id for c in later.candidates] == ["s:c", "s:a", "s:b", "s:e", "s:f"]
+
+
 def test_what_each_method_needs() -> None:
     assert methods.next_needs("legacy", ["s:a"]) == Needs()
-    assert methods.next_needs("legacy", []) == Needs(tools=methods.NEXT_CANDIDATES)
+    assert methods.next_needs("legacy", []) == Needs(tools=methods.NEXT_CANDIDATES, clauses=True)
+    assert methods.next_needs("search", []) == Needs(tools=methods.NEXT_CANDIDATES, clauses=True)
     assert methods.next_needs("search", ["s:a", "s:b", "s:a"]) == Needs(tools=7)
     assert methods.next_needs("drdsp", []) == Needs(capabilities=True)
     assert methods.dag_needs("discovery") == Needs(capabilities=True, tools=1)

@@ -11,6 +11,11 @@ composed tools: the request then reads as that workflow, and the composed tools 
 added after its own, marked as composed. Otherwise the learned workflow is some other task's
 and the DAG is the composed chain alone. `DagPlan.composed` lists the nodes that come from
 composition rather than from a learned capability.
+
+The stated order also chooses a task's first step (`in_stated_order`): with nothing run yet, of
+the request's best tools the one that is the best of its earliest sub-goal comes first. The
+request's best tool answers the request as a whole, often a later step that its words describe
+at length; the first step is the one stated first.
 """
 
 from __future__ import annotations
@@ -44,6 +49,15 @@ def pick_tools(ranked: Sequence[Sequence[Candidate]]) -> list[Candidate]:
         if best is not None:
             picked.append(best)
     return picked
+
+
+def in_stated_order(
+    candidates: Sequence[Candidate], ranked: Sequence[Sequence[Candidate]]
+) -> list[Candidate]:
+    """`candidates` with those that are a clause's best tool first, in the order the request
+    states those clauses; the others after them, each group in its own order."""
+    best = [clause[0].id for clause in ranked if clause]
+    return sorted(candidates, key=lambda c: best.index(c.id) if c.id in best else len(best))
 
 
 def compose(

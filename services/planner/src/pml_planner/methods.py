@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pml_planner.composition import CLAUSE_TOOLS, clauses_of, compose
+from pml_planner.composition import CLAUSE_TOOLS, clauses_of, compose, in_stated_order
 from pml_planner.planning import Candidate, DagPlan, NextPlan, TenantPlanner, chain_plan
 from pml_planner.targets import Targets, TargetSource
 
@@ -65,13 +65,14 @@ def next_needs(method: str, context: Sequence[str]) -> Needs:
     if method == "drdsp":
         return Needs(capabilities=True)
     if method in ("legacy", "discovery") and not context:
-        return Needs(tools=NEXT_CANDIDATES)  # they start where search would
+        return Needs(tools=NEXT_CANDIDATES, clauses=True)  # they start where search would
     if method == "legacy":
         return Needs()
     if method == "discovery":
         return Needs(capabilities=True)
-    # Search's order without the tools already run: ask for that many more.
-    return Needs(tools=NEXT_CANDIDATES + len(set(context)))
+    # Search's order without the tools already run (ask for that many more); the first step
+    # follows the order the request states its sub-goals in.
+    return Needs(tools=NEXT_CANDIDATES + len(set(context)), clauses=not context)
 
 
 def dag_needs(method: str) -> Needs:
@@ -120,13 +121,13 @@ def predict_next(
     if method in ("legacy", "discovery") and not context:
         # The heuristic needs a current tool and discovery is passive: with nothing run yet,
         # both start where search would.
-        return _search_next(inputs.tools, context)
+        return _search_next(inputs, context)
     if method == "legacy":
         ranked = planner.legacy_next(context, NEXT_CANDIDATES)
         return NextPlan(tuple(ranked), "", (), ranked[0].score if ranked else 0.0)
     if method == "discovery":
         return planner.discovery_next(context, inputs.intent_scores(), NEXT_CANDIDATES, hidden)
-    return _search_next(inputs.tools, context)
+    return _search_next(inputs, context)
 
 
 def suggest_dag(
@@ -157,8 +158,11 @@ def dag_tools(planner: TenantPlanner, plan: DagPlan) -> list[str]:
     return [n for n in plan.order if not planner.is_capability(n)]
 
 
-def _search_next(ranked: Sequence[Candidate], context: Sequence[str]) -> NextPlan:
+def _search_next(inputs: Inputs, context: Sequence[str]) -> NextPlan:
+    """Search's tools without those already run; the first step in the request's stated order."""
     done = set(context)
-    picked = tuple(Candidate(t.id, t.score) for t in ranked if t.id not in done)
+    picked = [Candidate(t.id, t.score) for t in inputs.tools if t.id not in done]
     picked = picked[:NEXT_CANDIDATES]
-    return NextPlan(picked, "", (), picked[0].score if picked else 0.0)
+    if not done:
+        picked = in_stated_order(picked, inputs.clause_tools)
+    return NextPlan(tuple(picked), "", (), picked[0].score if picked else 0.0)
