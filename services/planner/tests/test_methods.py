@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pml.v1 import search_pb2
 from pml_planner import methods
 from pml_planner.graph_source import LinkInfo, NodeInfo, PlannerGraph
@@ -17,6 +19,7 @@ SEARCH_ORDER = ("s:c", "s:a", "s:d", "s:b", "s:e", "s:f", "s:g", "s:h")
 #: Search's best tools for each of the request's sub-goals, in the order it states them: the
 #: request as a whole ranks s:c first, but its first sub-goal is s:d's.
 CLAUSE_ORDER = (("s:d", "s:c"), ("s:h",), ("s:a", "s:c"))
+CLAUSE_ORDER_TWO = ((Candidate("s:a", 0.9),), (Candidate("s:c", 0.9),))
 
 
 def _planner() -> TenantPlanner:
@@ -68,6 +71,24 @@ def test_the_first_step_is_the_one_the_request_states_first() -> None:
         "search", planner, _inputs(methods.next_needs("search", ["s:d"])), ["s:d"]
     )
     assert [c.id for c in later.candidates] == ["s:c", "s:a", "s:b", "s:e", "s:f"]
+
+
+def test_search_chains_one_tool_per_stated_sub_goal_in_the_stated_order() -> None:
+    planner = _planner()
+    three = methods.suggest_dag("search", planner, _inputs(methods.dag_needs("search")))
+    assert methods.dag_tools(planner, three) == ["s:d", "s:a", "s:c"]
+    two = replace(_inputs(methods.dag_needs("search")), clause_tools=CLAUSE_ORDER_TWO)
+    assert methods.dag_tools(planner, methods.suggest_dag("search", planner, two)) == [
+        "s:a",
+        "s:c",
+    ]
+    # a request stating no sub-goals is its own clause: search's first three, in its order
+    one = replace(two, clause_tools=(two.tools[:3],))
+    assert methods.dag_tools(planner, methods.suggest_dag("search", planner, one)) == [
+        "s:c",
+        "s:a",
+        "s:d",
+    ]
 
 
 def test_what_each_method_needs() -> None:

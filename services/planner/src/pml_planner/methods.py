@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pml_common.first_stage import MAX_SUB_GOALS
 from pml_planner.composition import CLAUSE_TOOLS, clauses_of, compose, in_stated_order
 from pml_planner.planning import Candidate, DagPlan, NextPlan, TenantPlanner, chain_plan
 from pml_planner.targets import Targets, TargetSource
@@ -23,7 +24,8 @@ METHODS = ("drdsp", "legacy", "discovery", "search")
 DEFAULT_METHOD = "drdsp"
 #: Runners-up returned with a next step (for next_hit@k and for the caller's own choice).
 NEXT_CANDIDATES = 5
-#: Search's first tools the search method chains into a DAG.
+#: Search's first tools the search method chains into a DAG for a request stating no sub-goals
+#: (one that states several gets one tool per sub-goal).
 SEARCH_DAG_TOOLS = 3
 
 NO_TARGETS = Targets((), "")
@@ -82,7 +84,7 @@ def dag_needs(method: str) -> Needs:
         return Needs(tools=1)
     if method == "discovery":
         return Needs(capabilities=True, tools=1)
-    return Needs(tools=SEARCH_DAG_TOOLS)
+    return Needs(tools=max(SEARCH_DAG_TOOLS, MAX_SUB_GOALS), clauses=True)
 
 
 async def fetch(source: TargetSource, tenant: str, intent: str, needs: Needs) -> Inputs:
@@ -148,8 +150,12 @@ def suggest_dag(
         if not found:
             return chain_plan([first.id] if first else [], first.score if first else 0.0)
         return planner.suggest_dag(planner.target(found[0]))
-    ranked = inputs.tools[:SEARCH_DAG_TOOLS]
-    return chain_plan([t.id for t in ranked], ranked[0].score if ranked else 0.0)
+    # As many of search's tools as the request states sub-goals, chained in the stated order.
+    stated = len(inputs.clause_tools)
+    ranked = in_stated_order(
+        inputs.tools[: stated if stated > 1 else SEARCH_DAG_TOOLS], inputs.clause_tools
+    )
+    return chain_plan([t.id for t in ranked], max((t.score for t in ranked), default=0.0))
 
 
 def dag_tools(planner: TenantPlanner, plan: DagPlan) -> list[str]:
