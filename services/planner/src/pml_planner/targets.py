@@ -7,6 +7,7 @@ cannot be reached, unified search ranks the capabilities instead, and the answer
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
@@ -20,6 +21,10 @@ log = structlog.get_logger(__name__)
 
 #: Capabilities considered as the target; the planner weighs each by its DAG's reliability.
 TARGET_POOL = 5
+#: The planner's calls to search in flight at most; the others wait their turn. A request that
+#: states several sub-goals asks search once per sub-goal at once, and search refuses what
+#: passes its own limit (`grpc_workers`, 16 by default, shared with every other client).
+SEARCH_IN_FLIGHT = 8
 UNTRAINED = "untrained"
 
 
@@ -35,10 +40,12 @@ class TargetSource:
         scorer: scorer_pb2_grpc.ScorerServiceStub,
         search: search_pb2_grpc.SearchServiceStub,
         timeout_s: float = 5.0,
+        search_in_flight: int = SEARCH_IN_FLIGHT,
     ) -> None:
         self._scorer = scorer
         self._search = search
         self._timeout = timeout_s
+        self._search_slots = asyncio.Semaphore(search_in_flight)
 
     async def capabilities(self, tenant: str, intent: str) -> Targets:
         try:
@@ -62,7 +69,7 @@ class TargetSource:
     ) -> list[Candidate]:
         """Unified search's order of one kind of node, scored by its final score. Search is
         the planner's last resort: when it fails, the caller learns that search did."""
-        async with dependency("search", self._timeout):
+        async with self._search_slots, dependency("search", self._timeout):
             reply = await self._search.Search(
                 search_pb2.SearchRequest(tenant_id=tenant, query=intent, limit=limit, kinds=[kind]),
                 timeout=self._timeout,
