@@ -170,8 +170,8 @@ class Memory:
         nearest = np.argpartition(-sims, k - 1)[:k]
         nearest = nearest[np.isfinite(sims[nearest])]
         weights = np.maximum(sims[nearest], 0.0)
-        votes = np.asarray(weights @ self.tool_incidence[nearest].toarray(), dtype=np.float64)
-        return votes.ravel() if votes.size else np.zeros(self.num_tools)
+        # sparse × dense: no dense (neighbours × tools) block at every request
+        return np.asarray(self.tool_incidence[nearest].T @ weights, dtype=np.float64).ravel()
 
     def _server_co_use(self, servers: IntArray, exclude: int | None) -> FloatArray:
         """Executions that used a leader's server, counted per candidate's server."""

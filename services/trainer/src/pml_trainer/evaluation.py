@@ -82,8 +82,12 @@ class TenantView:
         return self.baseline.scores(intent)
 
     def served(self, intent: Intent) -> NDArray[np.floating]:
+        return self.corrected(self.first_stage(intent), intent)
+
+    def corrected(self, first_stage: NDArray[np.floating], intent: Intent) -> NDArray[np.floating]:
+        """The served scores of `intent` from its first-stage scores, already computed."""
         return served_tool_scores(
-            self.first_stage(intent),
+            first_stage,
             intent.vector,
             self.serving,
             self.weight,

@@ -428,14 +428,17 @@ def _judge(
     judged: Sequence[Judged],
     min_judged: int,
 ) -> Verdict:
-    """The verdict, novel executions scored in the `unseen` view (same tools, same order)."""
+    """The verdict, novel executions scored in the `unseen` view (same tools, same order, same
+    first stage: each intent's first-stage scores are computed once)."""
     candidate = ServingModel(config, params, serving.hierarchy)
     blind = candidate if unseen is serving else ServingModel(config, params, unseen.hierarchy)
     views = [(unseen, blind) if j.novel else (serving, candidate) for j in judged]
     first = [serving.first_stage(i) for i in intents]
     return judge(
         first_stage=first,
-        serving=[view.served(i) for (view, _), i in zip(views, intents, strict=True)],
+        serving=[
+            view.corrected(f, i) for (view, _), f, i in zip(views, first, intents, strict=True)
+        ],
         candidate_correction=[
             tool_scores(model, i.vector) for (_, model), i in zip(views, intents, strict=True)
         ],
