@@ -66,23 +66,35 @@ class StandIns:
 
 
 @asynccontextmanager
-async def serving_stand_ins() -> AsyncIterator[StandIns]:
-    """The scorer (untrained: search ranks the capabilities) and search, on a free port."""
-    rankings = Rankings()
-    server = grpc.aio.server()
-    search_pb2_grpc.add_SearchServiceServicer_to_server(_Search(rankings), server)
-    scorer_pb2_grpc.add_ScorerServiceServicer_to_server(_Scorer(), server)
+async def stand_in_server(
+    search: search_pb2_grpc.SearchServiceServicer,
+    scorer: scorer_pb2_grpc.ScorerServiceServicer | None = None,
+    maximum_concurrent_rpcs: int | None = None,
+) -> AsyncIterator[grpc.aio.Channel]:
+    """`search` (and `scorer`) served on a free port; a channel to them."""
+    server = grpc.aio.server(maximum_concurrent_rpcs=maximum_concurrent_rpcs)
+    search_pb2_grpc.add_SearchServiceServicer_to_server(search, server)
+    if scorer is not None:
+        scorer_pb2_grpc.add_ScorerServiceServicer_to_server(scorer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
+        yield channel
+    finally:
+        await channel.close()
+        await server.stop(None)
+
+
+@asynccontextmanager
+async def serving_stand_ins() -> AsyncIterator[StandIns]:
+    """The scorer (untrained: search ranks the capabilities) and search, on a free port."""
+    rankings = Rankings()
+    async with stand_in_server(_Search(rankings), _Scorer()) as channel:
         targets = TargetSource(
             scorer_pb2_grpc.ScorerServiceStub(channel), search_pb2_grpc.SearchServiceStub(channel)
         )
         yield StandIns(rankings, targets)
-    finally:
-        await channel.close()
-        await server.stop(None)
 
 
 async def write_graph(

@@ -10,6 +10,8 @@ from pml.v1 import scorer_pb2_grpc, search_pb2, search_pb2_grpc
 from pml_common.grpc_server import RequestError
 from pml_planner.targets import TargetSource
 
+from .helpers import stand_in_server
+
 #: What the stand-in search accepts at once (a real search refuses past `grpc_workers`).
 ACCEPTED = 2
 
@@ -27,12 +29,7 @@ class _SlowSearch(search_pb2_grpc.SearchServiceServicer):
 async def _sub_goals_at_once(in_flight: int) -> list[object]:
     """Ten clause searches of one request fired at once, through a TargetSource that keeps at
     most `in_flight` of them running."""
-    server = grpc.aio.server(maximum_concurrent_rpcs=ACCEPTED)
-    search_pb2_grpc.add_SearchServiceServicer_to_server(_SlowSearch(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    try:
+    async with stand_in_server(_SlowSearch(), maximum_concurrent_rpcs=ACCEPTED) as channel:
         source = TargetSource(
             scorer_pb2_grpc.ScorerServiceStub(channel),
             search_pb2_grpc.SearchServiceStub(channel),
@@ -40,9 +37,6 @@ async def _sub_goals_at_once(in_flight: int) -> list[object]:
         )
         calls = (source.tools("t", f"clause {i}", 3) for i in range(10))
         return await asyncio.gather(*calls, return_exceptions=True)
-    finally:
-        await channel.close()
-        await server.stop(None)
 
 
 async def test_clause_searches_wait_their_turn_instead_of_being_refused() -> None:
