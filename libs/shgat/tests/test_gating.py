@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from pml_shgat.gating import (
+    FRESHER,
     MIN_NOVEL,
     WEIGHT_GRID,
     WITHDRAWN,
@@ -59,6 +60,28 @@ def test_a_correction_that_points_at_the_executed_tools_gets_a_weight_and_is_adm
     # too few held-back executions: not admitted, whatever the figures
     few = judge(first[:2], first[:2], knows[:2], judged[:2], min_judged=3)
     assert not few.accepted and few.candidate.count == 2
+
+
+def test_a_tie_with_the_serving_version_is_admitted_only_when_fresher_and_better_than_first() -> (
+    None
+):
+    rng = np.random.default_rng(4)
+    judged = [Judged((int(i),)) for i in rng.integers(0, 20, size=30)]
+    first = [rng.random(20) for _ in judged]
+    knows = [np.eye(20)[j.relevant[0]] for j in judged]
+    serving = [served_scores(f, k, 8.0) for f, k in zip(first, knows, strict=True)]
+    stale = judge(first, serving, knows, judged, min_judged=3)
+    assert not stale.accepted and "serving" in stale.reason
+    fresher = judge(first, serving, knows, judged, min_judged=3, fresher=True)
+    assert fresher.accepted and fresher.reason == FRESHER and fresher.weight > 0.0
+    # fresher, but worse than what is served: not admitted
+    wrong = [np.eye(20)[(j.relevant[0] + 1) % 20] for j in judged]
+    worse = judge(first, serving, wrong, judged, min_judged=3, fresher=True)
+    assert not worse.accepted and better(worse.serving, worse.candidate)
+    # fresher and tied, but with nothing over the first stage (first stage served): not admitted
+    useless = [np.zeros(20) for _ in judged]
+    idle = judge(first, first, useless, judged, min_judged=3, fresher=True)
+    assert not idle.accepted
 
 
 def test_the_grid_must_start_with_the_first_stage_alone() -> None:

@@ -18,7 +18,7 @@ from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
 from pml_common.stores import redis_client
 from pml_common.tool_graph import ToolGraph, read_tool_graph
-from pml_shgat.gating import WEIGHT_GRID
+from pml_shgat.gating import FRESHER_GROWTH, WEIGHT_GRID
 from pml_shgat.hierarchy import Hierarchy
 from pml_shgat.memory import memory_from_bytes
 from pml_shgat.params import from_bytes, init_params, make_config, to_bytes
@@ -334,6 +334,33 @@ async def test_a_version_better_than_the_serving_one_and_the_first_stage_is_publ
     assert _decisive(m, "candidate") > _decisive(m, "serving")
     assert _decisive(m, "candidate") > _decisive(m, "first_stage")
     assert await rig.registry.last_rejected(tenant) is None
+
+
+async def test_a_candidate_that_ties_the_serving_one_replaces_it_only_if_it_learned_from_more(
+    rig: Rig, tenant: str, driver, settings: Settings
+) -> None:
+    graph, h, good, _ = await _gate_situation(rig, driver, settings, tenant)
+    lease = await rig.lock.try_acquire()
+    assert lease is not None
+    async with rig.lock.hold(lease):
+        serving = await rig.registry.publish(
+            tenant, good, lease.token, {"correction_weight": 8.0, "traces_seen": 40.0}
+        )
+        published = await rig.registry.current(tenant)
+        config, params = from_bytes(good)
+        # the same parameters: a tie on held-back executions
+        little = {"traces_seen": 40.0 * FRESHER_GROWTH - 1}
+        same = await rig.loop.admit(tenant, lease, graph, h, published, config, params, little)
+        assert same.metrics["accepted"] == 0.0
+        current = await rig.registry.current_record(tenant)
+        assert current is not None and current.version == serving.version
+        more = {"traces_seen": 40.0 * FRESHER_GROWTH}
+        fresher = await rig.loop.admit(tenant, lease, graph, h, published, config, params, more)
+    m = fresher.metrics
+    assert m["accepted"] == 1.0
+    assert _decisive(m, "candidate") == _decisive(m, "serving") > _decisive(m, "first_stage")
+    current = await rig.registry.current_record(tenant)
+    assert current is not None and current.version == fresher.version
 
 
 async def test_a_candidate_whose_memory_knows_these_users_is_published_with_it(

@@ -16,6 +16,13 @@ The serving version is judged again at every round, on the held-back executions 
 version is published with weight 0: the correction is withdrawn rather than left to serve on
 the strength of an earlier, smaller held-back set.
 
+A candidate that ties the serving version on them (neither ranks better, per `better`) is
+published anyway when it learned from at least `FRESHER_GROWTH` times as many executions
+(*fresher*), as long as it beats the first stage: nothing says it is worse, and it has seen
+more of the tenant's work. Without this, the version served was often one fitted on the first
+few executions, kept because every later fit tied it within the margin, and which early fit
+that was varied from one run to the next.
+
 Held-back executions resemble the ones trained on, so a correction can look good on them by
 recalling the workflows it has seen while it hurts tasks of a new kind. Those held back whose
 set of tools no trained execution ran (*novel*) stand for that new work: when there are enough
@@ -46,6 +53,9 @@ RECALL_MARGIN = 0.01
 MRR_MARGIN = 0.005
 #: How much worse the mean reciprocal rank may be in a ranking that counts as better.
 MRR_TOLERANCE = 0.01
+#: How many times as many executions a candidate must have learned from to replace a serving
+#: version it ties (so a tenant's versions are republished on ties at most logarithmically often).
+FRESHER_GROWTH = 1.5
 #: Novel held-back executions needed before they can bar a weight (fewer say too little).
 MIN_NOVEL = 5
 
@@ -53,6 +63,8 @@ FloatArray = NDArray[np.floating]
 #: The verdict's reason when the first stage alone replaces a serving version that ranks the
 #: held-back executions worse than it (the new version carries weight 0).
 WITHDRAWN = "withdraws the serving version: the first stage alone ranks held-back executions better"
+#: The verdict's reason when a fresher candidate replaces a serving version it ties.
+FRESHER = "ties the serving version on held-back executions and learned from more executions"
 #: Names of the corrections' weights in a published version's metrics.
 WEIGHT_METRIC = "correction_weight"
 MEMORY_WEIGHT_METRIC = "memory_weight"
@@ -248,10 +260,13 @@ def judge(
     judged: Sequence[Judged],
     min_judged: int = 1,
     candidate_memory: Sequence[FloatArray] | None = None,
+    fresher: bool = False,
 ) -> Verdict:
     """Admit the candidate only if, with its best weights, it beats both the serving combination
     and the first stage alone on the held-back executions `judged`, or if its best weights are
-    0 and the first stage alone beats the serving combination (`WITHDRAWN`).
+    0 and the first stage alone beats the serving combination (`WITHDRAWN`), or if it is
+    `fresher` (learned from `FRESHER_GROWTH` times the serving version's executions), ties the
+    serving combination and beats the first stage (`FRESHER`).
 
     `serving` are the scores served now (the first stage itself before any version was admitted);
     `candidate_memory`, the candidate's execution-memory correction when it has one.
@@ -268,7 +283,10 @@ def judge(
     if len(judged) < min_judged:
         reason, accepted = f"{len(judged)} held-back executions, {min_judged} needed", False
     elif not better(cand, now):
-        reason, accepted = "not better than the serving version on held-back executions", False
+        accepted = fresher and not better(now, cand) and better(cand, base)
+        reason = (
+            FRESHER if accepted else "not better than the serving version on held-back executions"
+        )
     elif weights == (0.0, 0.0):
         # The candidate is the first stage itself, and it beats what is served: the serving
         # version was admitted on fewer or other held-back executions and no longer holds.

@@ -42,7 +42,7 @@ from pml_common.lease_lock import Lease, LeaseLock
 from pml_common.model_registry import ModelRecord, ModelRegistry, StaleFencingToken
 from pml_common.tool_first_stage import Intent, embed_intents
 from pml_common.tool_graph import ToolGraph, read_tool_graph
-from pml_shgat.gating import Judged, Verdict, judge, tool_scores
+from pml_shgat.gating import FRESHER_GROWTH, Judged, Verdict, judge, tool_scores
 from pml_shgat.hierarchy import Hierarchy
 from pml_shgat.memory import CAPACITY, Execution, MemoryRanker, ServedMemory, fit
 from pml_shgat.params import Params, ShgatConfig, from_bytes, init_params, make_config, to_bytes
@@ -250,7 +250,9 @@ class LearningLoop:
             if ranker
             else None
         )
-        verdict = await self.gate(tenant, serving, config, params, graph, published, memory)
+        verdict = await self.gate(
+            tenant, serving, config, params, graph, published, memory, _fresher(metrics, published)
+        )
         _check(lease, None)
         figures = {
             **metrics,
@@ -289,9 +291,11 @@ class LearningLoop:
         graph: ToolGraph,
         published: tuple[ModelRecord, bytes] | None,
         memory: ServedMemory | None = None,
+        fresher: bool = False,
     ) -> Verdict:
         """Judge a candidate (SHGAT `params`, and its execution `memory` when it has one) against
-        the serving view on the tenant's held-back executions.
+        the serving view on the tenant's held-back executions (`fresher`: it learned from enough
+        more executions than the serving version to replace it on a tie, `gating.judge`).
 
         A novel one (no trace in the replay buffer ran its set of tools) is judged as new work:
         without the capabilities that run exactly its tools (`without_workflows`), since work
@@ -320,6 +324,7 @@ class LearningLoop:
             intents,
             judged,
             self._config.min_holdout,
+            fresher,
         )
 
     async def _fit_memory(
@@ -427,6 +432,7 @@ def _judge(
     intents: Sequence[Intent],
     judged: Sequence[Judged],
     min_judged: int,
+    fresher: bool,
 ) -> Verdict:
     """The verdict, novel executions scored in the `unseen` view (same tools, same order, same
     first stage: each intent's first-stage scores are computed once)."""
@@ -449,7 +455,15 @@ def _judge(
             if memory is not None
             else None
         ),
+        fresher=fresher,
     )
+
+
+def _fresher(metrics: dict[str, float], published: tuple[ModelRecord, bytes] | None) -> bool:
+    """Whether the candidate of `metrics` learned from `FRESHER_GROWTH` times as many
+    executions as the serving version (`traces_seen` of each round)."""
+    before = published[0].metrics.get("traces_seen", 0.0) if published is not None else 0.0
+    return before > 0 and metrics.get("traces_seen", 0.0) >= FRESHER_GROWTH * before
 
 
 def _export(tenant: str, verdict: Verdict) -> None:
