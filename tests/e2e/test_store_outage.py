@@ -78,7 +78,9 @@ def _until_ok(call, timeout: float = 60.0):
 
 
 def _executions(stub: search_pb2_grpc.SearchServiceStub, tenant: str, tool: str) -> int:
-    node = stub.GetNode(search_pb2.GetNodeRequest(tenant_id=tenant, id=tool), timeout=10)
+    # The drill's other calls' deadline: on a loaded machine the first read of the tenant's
+    # graph after the restart has taken more than 10 s.
+    node = stub.GetNode(search_pb2.GetNodeRequest(tenant_id=tenant, id=tool), timeout=30)
     return node.executions
 
 
@@ -90,12 +92,6 @@ def _log_count(proc: ManagedProcess, event: str) -> int:
     return proc.log_path.read_text(errors="replace").count(event)
 
 
-@pytest.mark.xfail(
-    reason="2026-11-26: on a machine under load, GetNode after the restart ran past its 10 s "
-    "deadline in two runs out of two (search's subscribers restarting at the same moment); "
-    "not yet diagnosed, see the issue notes",
-    strict=False,
-)
 def test_redis_restarted_empty_is_unavailable_then_groups_are_recreated(
     own_stack: LocalStack,
 ) -> None:
