@@ -41,6 +41,8 @@ def test_bench_search_reports_registration_first_request_and_both_sides() -> Non
     report = json.loads(result.stdout)
     assert (report["tools"], report["clients"], report["requests"]) == (30, 3, 12)
     assert report["register_s"] > 0 and report["first_search_ms"] > 0
+    assert report["consumers_caught_up_s"] is not None
+    assert "waiting until the consumers of the registration catch up" in result.stderr
     assert 0 < report["p50_ms"] <= report["p99_ms"]
     assert 0 < report["inproc_p50_ms"] <= report["inproc_p99_ms"]
 
