@@ -2,7 +2,7 @@ import json
 
 from typer.testing import CliRunner
 
-from pml_cli.bench_search import QUERIES, synthetic_queries
+from pml_cli.bench_search import QUERIES, stage_percentiles, synthetic_queries
 from pml_cli.main import app
 
 PHASE_KEYS = {"requests", "errors", "p50_ms", "p99_ms"}
@@ -45,6 +45,18 @@ def test_bench_search_reports_registration_first_request_and_both_sides() -> Non
     assert "waiting until the consumers of the registration catch up" in result.stderr
     assert 0 < report["p50_ms"] <= report["p99_ms"]
     assert 0 < report["inproc_p50_ms"] <= report["inproc_p99_ms"]
+    for key in ("stages_p50_ms", "stages_p99_ms"):
+        stages = report[key]
+        assert {"embed", "retrieve", "graph", "rank", "server", "outside_server"} <= stages.keys()
+        assert 0 < stages["server"] < report[key.replace("stages_", "")]
+    assert report["stages_p50_ms"]["outside_server"] > 0
+
+
+def test_stage_percentiles_split_the_client_time_at_the_service() -> None:
+    stages = [{"client": 10.0, "embed": 1.0, "retrieve": 5.0}, {"client": 20.0, "embed": 3.0}]
+    p99 = stage_percentiles(stages, 0.99)
+    assert p99 == {"embed": 3.0, "retrieve": 5.0, "server": 6.0, "outside_server": 17.0}
+    assert stage_percentiles(stages, 0.0)["outside_server"] == 4.0
 
 
 def test_bench_search_refuses_more_neighbour_tools_than_a_request_may_hold() -> None:

@@ -124,6 +124,8 @@ REGISTER_TIMEOUT_S = 3600.0
 DURING, AFTER = "during_registration", "until_consumers_caught_up"
 
 SearchCall = Callable[[str], float]
+#: The key of the client's milliseconds among a request's recorded stage timings.
+CLIENT = "client"
 
 
 def synthetic_catalog(n: int, prefix: str = "") -> list[ToolSpec]:
@@ -175,7 +177,9 @@ def bench_search(
             call = _search_call(stub, tenant)
             first = _search_call(stub, tenant, FIRST_SEARCH_TIMEOUT_S)
             first_ms = _warm_up(call, first, queries, console)
-            latencies, wall = _measure_grpc(call, queries, requests, clients, console)
+            stages: list[dict[str, float]] = []
+            measured = _search_call(stub, tenant, stages=stages)
+            latencies, wall = _measure_grpc(measured, queries, requests, clients, console)
             inproc = asyncio.run(_measure_inproc(live, tenant, catalog, queries, console))
     p50 = statistics.median(latencies)
     inproc_p50 = statistics.median(inproc)
@@ -193,6 +197,9 @@ def bench_search(
         "inproc_p50_ms": round(inproc_p50, 3),
         "inproc_p99_ms": round(_percentile(inproc, 0.99), 3),
         "grpc_over_inproc_p50": round(p50 / inproc_p50, 2) if inproc_p50 else None,
+        # Where the measured requests' time went, as the service timed its stages.
+        "stages_p50_ms": stage_percentiles(stages, 0.5),
+        "stages_p99_ms": stage_percentiles(stages, 0.99),
     }
 
 
@@ -353,14 +360,42 @@ def _register(settings: Settings, tenant: str, catalog: list[ToolSpec], console:
             bar.advance(len(batch))
 
 
-def _search_call(stub: Any, tenant: str, timeout_s: float = SEARCH_TIMEOUT_S) -> Any:
+def _search_call(
+    stub: Any,
+    tenant: str,
+    timeout_s: float = SEARCH_TIMEOUT_S,
+    stages: list[dict[str, float]] | None = None,
+) -> Any:
+    """A Search call that returns its milliseconds; with `stages`, each reply's stage timings
+    are appended to it, with the client's milliseconds as `CLIENT`."""
+
     def call(query: str) -> float:
         start = time.perf_counter()
         request = search_pb2.SearchRequest(tenant_id=tenant, query=query, limit=10)
-        stub.Search(request, timeout=timeout_s)
-        return (time.perf_counter() - start) * 1000
+        reply = stub.Search(request, timeout=timeout_s)
+        ms = (time.perf_counter() - start) * 1000
+        if stages is not None:
+            timed = {CLIENT: ms}
+            for timing in reply.timings:
+                timed[timing.stage] = timed.get(timing.stage, 0.0) + timing.ms
+            stages.append(timed)
+        return ms
 
     return call
+
+
+def stage_percentiles(stages: list[dict[str, float]], q: float) -> dict[str, float]:
+    """Percentile `q` of each server stage, of their sum (`server`) and of what the client
+    waited beyond it (`outside_server`: gRPC, interceptors, the event loop's queue)."""
+    if not stages:
+        return {}
+    names = sorted({name for timed in stages for name in timed} - {CLIENT})
+    columns = {name: [timed.get(name, 0.0) for timed in stages] for name in names}
+    columns["server"] = [sum(timed.get(n, 0.0) for n in names) for timed in stages]
+    columns["outside_server"] = [
+        timed[CLIENT] - server for timed, server in zip(stages, columns["server"], strict=True)
+    ]
+    return {name: round(_percentile(values, q), 3) for name, values in columns.items()}
 
 
 def _measure_grpc(
