@@ -137,7 +137,7 @@ def test_learned_capabilities_become_the_dag_failures_move_it_and_runs_are_judge
     assert (info.executions, info.skipped_executions) == (len(failures), 0)  # type: ignore[attr-defined]
     assert info.next_method == info.dag_method == "drdsp"  # type: ignore[attr-defined]
     figures = {m.method: m for m in info.methods}  # type: ignore[attr-defined]
-    assert set(figures) == {"drdsp", "legacy", "discovery", "search"}
+    assert set(figures) == {"drdsp", "legacy", "discovery", "search", "blend"}
     for m in figures.values():
         assert (m.predictions, m.dags) == (2 * len(failures), len(failures))
     # Search ranks the tenant's 4 tools: once the report is built, the 3 left are its first 3.

@@ -50,7 +50,7 @@ from pml_common.settings import Settings
 
 pytestmark = pytest.mark.e2e
 
-PLAN_METHODS = ("drdsp", "legacy", "discovery", "search")
+PLAN_METHODS = ("drdsp", "legacy", "discovery", "search", "blend")
 
 # Tenant B's private catalog; A uses some of the same ids with other meanings.
 B_TOOLS = {

@@ -81,7 +81,7 @@ def planner_stub(settings: Settings) -> planner_pb2_grpc.PlannerServiceStub:
 
 
 #: What `method` of PredictNext and SuggestDag accepts; the first is the planner's default.
-PLAN_METHODS = ("drdsp", "legacy", "discovery", "search")
+PLAN_METHODS = ("drdsp", "legacy", "discovery", "search", "blend")
 
 
 def predict_next(
@@ -237,6 +237,10 @@ def print_planner_info(console: Console, reply: planner_pb2.PlannerInfoResponse)
     console.print(f"[bold]dag[/]         {escape(reply.dag_method)}{dag_why}")
     console.print(
         f"[bold]executions[/]  {reply.executions} judged, {reply.skipped_executions} skipped"
+    )
+    console.print(
+        f"[bold]blend[/]       transitions {reply.blend_transitions_weight:g}, hyperpath "
+        f"{reply.blend_hyperpath_weight:g} (search's order 1)"
     )
     table = Table("method", "predictions", "next_hit@1", "next_hit@3", "dags", "node F1")
     for m in reply.methods:

@@ -345,11 +345,16 @@ def chosen_methods(
             if now >= executions or time.monotonic() - last_change > JUDGEMENT_STALL_S:
                 break
             time.sleep(1.0)
-    console.log(f"{label}: default methods next={info.next_method} dag={info.dag_method}")
+    weights = f"{info.blend_transitions_weight:g}, {info.blend_hyperpath_weight:g}"
+    console.log(
+        f"{label}: default methods next={info.next_method} dag={info.dag_method}"
+        f" (blend weights: transitions, hyperpath {weights})"
+    )
     return {
         "default_next": info.next_method,
         "default_dag": info.dag_method,
         "judged_executions": info.executions,
+        "blend_weights": [info.blend_transitions_weight, info.blend_hyperpath_weight],
         # what the choice was made on: each method's prequential figures on the training runs
         "prequential": {
             m.method: {"next_hit@1": round(m.next_hit_at_1, 4), "node_f1": round(m.node_f1, 4)}

@@ -46,8 +46,8 @@ out = Console()
 DEMO_CATALOG = Path(__file__).parent / "demo" / "catalog.jsonl"
 TenantOpt = Annotated[str | None, typer.Option("--tenant", help="Tenant (default: settings).")]
 PLAN_METHOD_HELP = (
-    "drdsp | legacy | discovery | search; none: the tenant's best by its prequential figures "
-    "(pml plan info), DR-DSP until they are enough"
+    "drdsp | legacy | discovery | search | blend; none: the tenant's best by its prequential "
+    "figures (pml plan info), DR-DSP until they are enough"
 )
 IdPrefixOption = Annotated[
     str,
@@ -573,7 +573,7 @@ def eval_plan(
     method: Annotated[
         str,
         typer.Option(
-            help="drdsp | legacy | discovery | search | default (no method named: the "
+            help="drdsp | legacy | discovery | search | blend | default (no method named: the "
             "planner's choice by its prequential figures) | knn (the nearest training "
             "intent's sequence), or several: drdsp,legacy,knn"
         ),

@@ -6,6 +6,7 @@ import pytest
 from redis.asyncio import Redis
 
 from pml_common.events import ExecutionCompleted, ExecutionStep
+from pml_planner.blend import SEARCH_ONLY, VARIANTS, variant
 from pml_planner.graph_source import LinkInfo, NodeInfo, PlannerGraph
 from pml_planner.methods import METHODS, Inputs
 from pml_planner.planning import Candidate, TenantPlanner
@@ -15,6 +16,7 @@ from pml_planner.prequential import (
     MethodFigures,
     PrequentialStore,
     Summary,
+    blend_weights,
     choose,
     figures_of,
     judged_tools,
@@ -54,7 +56,28 @@ def test_each_method_is_judged_at_every_step_and_on_its_dag() -> None:
     assert figures["search"] == MethodFigures(2, 1, 2, 1, pytest.approx(0.8))
     # Legacy starts where search does, then follows the learned link s:a -> s:c.
     assert figures["legacy"].hits_at_1 == 1 and figures["legacy"].hits_at_3 == 2
-    assert set(figures) == set(METHODS)
+    assert set(figures) == set(METHODS) | set(VARIANTS)
+    # The blend at (0, 0) is search's order; it serves the pair it was given, with search's DAG.
+    assert figures[variant(SEARCH_ONLY)] == MethodFigures(2, 1, 2)
+    assert figures["blend"] == figures["search"]
+    served = figures_of(_planner(), _inputs(), ["s:a", "s:b"], weights=(0.0, 2.0))
+    # With the hyperpath weighed 2, s:b (A's next step) comes before search's s:c.
+    assert served["blend"] == MethodFigures(2, 2, 2, 1, pytest.approx(0.8))
+    assert served[variant((0.0, 2.0))].hits_at_1 == 2
+
+
+def test_the_blend_serves_the_weights_its_figures_earned() -> None:
+    n = 100  # margin 1/√100 = 0.1
+    hits = {v: 40 for v in VARIANTS}
+    found = {v: MethodFigures(n, hits[v]) for v in VARIANTS}
+    assert blend_weights(Summary(found)) == SEARCH_ONLY  # every pair ties: search's order
+    found[variant((0.5, 1.0))] = MethodFigures(n, 49)
+    assert blend_weights(Summary(found)) == SEARCH_ONLY  # +9 points: within the margin
+    found[variant((1.0, 2.0))] = MethodFigures(n, 51)
+    found[variant((2.0, 2.0))] = MethodFigures(n, 51)
+    assert blend_weights(Summary(found)) == (1.0, 2.0)  # +11: the lighter of the two best
+    short = {v: MethodFigures(MIN_EVIDENCE - 1, f.hits_at_1) for v, f in found.items()}
+    assert blend_weights(Summary(short)) == SEARCH_ONLY
 
 
 def test_judged_tools_are_the_known_tools_in_first_run_order() -> None:
@@ -76,6 +99,8 @@ def test_one_fetch_covers_every_method_and_step() -> None:
 
 
 def _summary(next_hits: dict[str, int], f1: dict[str, float], n: int) -> Summary:
+    """Figures of every method; the blend's are search's unless given (its weights at 0)."""
+    next_hits = {"blend": next_hits.get("search", 0), **next_hits}
     return Summary(
         {m: MethodFigures(n, next_hits.get(m, 0), 0, n, f1.get(m, 0.0) * n) for m in METHODS}
     )
@@ -98,12 +123,13 @@ def test_the_best_method_is_chosen_once_every_method_has_enough_evidence() -> No
     assert choose(Summary(partial), "next") == choose(short, "next")
 
 
-def test_search_order_stays_unless_beaten_beyond_the_margin() -> None:
+def test_the_zero_shot_methods_stay_unless_beaten_beyond_the_margin() -> None:
     n = 400  # margin 1/√400 = 0.05
     tied = _summary({"drdsp": 200, "legacy": 200, "search": 200}, {}, n)
-    assert choose(tied, "next") == Choice("search", "prequential")
+    assert choose(tied, "next") == Choice("blend", "prequential")  # the next step's zero-shot
+    assert choose(tied, "dag") == Choice("search", "prequential")
     within = _summary({"drdsp": 219, "search": 200}, {"drdsp": 0.54, "search": 0.5}, n)
-    assert choose(within, "next").method == "search"
+    assert choose(within, "next").method == "blend"
     assert choose(within, "dag").method == "search"
     beyond = _summary({"drdsp": 221, "search": 200}, {"drdsp": 0.56, "search": 0.5}, n)
     assert choose(beyond, "next").method == "drdsp"

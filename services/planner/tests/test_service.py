@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from pml.v1 import planner_pb2
 from pml_common.grpc_server import RequestError
 from pml_common.settings import Settings
+from pml_planner.blend import VARIANTS, variant
 from pml_planner.methods import METHODS
 from pml_planner.outcomes import SuggestionMemory
 from pml_planner.prequential import MIN_EVIDENCE, MethodFigures, PrequentialStore
@@ -133,6 +134,43 @@ async def test_a_request_naming_no_method_gets_the_best_by_evidence(
     assert other.method == "drdsp"
 
 
+async def test_the_blend_follows_the_weights_the_tenant_figures_earned(
+    redis: Redis,
+    graph_db: neo4j.AsyncDriver,
+    settings: Settings,
+    tenant: str,
+    stand_ins: StandIns,
+) -> None:
+    await write_graph(graph_db, tenant, {"release": ["s:build", "s:test", "s:ship"]})
+    stand_ins.rank(["s:ship", "s:test", "s:build"], ["release"])  # search puts s:ship first
+    servicer, figures = _servicer(redis, graph_db, settings, stand_ins)
+    spans = Spans()
+
+    async def blend_next() -> planner_pb2.PredictNextResponse:
+        with spans.span():
+            return await servicer.PredictNext(
+                planner_pb2.PredictNextRequest(
+                    tenant_id=tenant, intent=INTENT, context_tools=["s:build"], method="blend"
+                ),
+                NO_CONTEXT,
+            )
+
+    first = await blend_next()
+    assert (first.method, first.next_tool) == ("blend", "s:ship")  # search's order, no figures
+    assert spans.last()["pml.planner.blend_weights"] == (0.0, 0.0)
+
+    # The hyperpath predicted every judged step, search's order none of them.
+    n = MIN_EVIDENCE
+    run = {v: MethodFigures(n, 0) for v in VARIANTS}
+    run[variant((0.0, 2.0))] = MethodFigures(n, n)
+    await figures.record(tenant, run)
+    followed = await blend_next()
+    assert followed.next_tool == "s:test" and followed.target_capability == "release"
+    assert spans.last()["pml.planner.blend_weights"] == (0.0, 2.0)
+    info = await servicer.PlannerInfo(planner_pb2.PlannerInfoRequest(tenant_id=tenant), NO_CONTEXT)
+    assert (info.blend_transitions_weight, info.blend_hyperpath_weight) == (0.0, 2.0)
+
+
 async def test_planner_info_shows_the_figures_and_the_choice(
     redis: Redis,
     graph_db: neo4j.AsyncDriver,
@@ -151,6 +189,7 @@ async def test_planner_info_shows_the_figures_and_the_choice(
     assert (info.next_method, info.dag_method) == ("search", "legacy")
     assert (info.executions, info.skipped_executions) == (1, 1)
     assert info.min_evidence == MIN_EVIDENCE
+    assert (info.blend_transitions_weight, info.blend_hyperpath_weight) == (0.0, 0.0)
     by_method = {m.method: m for m in info.methods}
     assert list(by_method) == list(METHODS)
     assert by_method["search"].predictions == MIN_EVIDENCE

@@ -15,11 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pml_common.first_stage import MAX_SUB_GOALS
+from pml_planner.blend import BLEND, SEARCH_ONLY, Signals, Weights, blended
 from pml_planner.composition import CLAUSE_TOOLS, clauses_of, compose, in_stated_order
 from pml_planner.planning import Candidate, DagPlan, NextPlan, TenantPlanner, chain_plan
 from pml_planner.targets import Targets, TargetSource
 
-METHODS = ("drdsp", "legacy", "discovery", "search")
+METHODS = ("drdsp", "legacy", "discovery", "search", BLEND)
 #: The method of an empty request while the evidence is short, and of ties.
 DEFAULT_METHOD = "drdsp"
 #: Runners-up returned with a next step (for next_hit@k and for the caller's own choice).
@@ -64,6 +65,12 @@ class Inputs:
 
 
 def next_needs(method: str, context: Sequence[str]) -> Needs:
+    if method == BLEND:
+        return (
+            next_needs("drdsp", context)
+            | next_needs("legacy", context)
+            | next_needs("search", context)
+        )
     if method == "drdsp":
         return Needs(capabilities=True)
     if method in ("legacy", "discovery") and not context:
@@ -78,6 +85,8 @@ def next_needs(method: str, context: Sequence[str]) -> Needs:
 
 
 def dag_needs(method: str) -> Needs:
+    if method == BLEND:
+        return dag_needs("search")
     if method == "drdsp":
         return Needs(capabilities=True, clauses=True)
     if method == "legacy":
@@ -114,9 +123,13 @@ def predict_next(
     inputs: Inputs,
     context: Sequence[str],
     hidden: frozenset[str] = frozenset(),
+    weights: Weights = SEARCH_ONLY,
 ) -> NextPlan:
     """The next step after `context` (tools already run, in order) by `method`, as if the
-    `hidden` capabilities were not registered (`prequential`: new work)."""
+    `hidden` capabilities were not registered (`prequential`: new work); the blend weighs its
+    signals by `weights`."""
+    if method == BLEND:
+        return blended(signals(planner, inputs, context, hidden), weights)
     if method == "drdsp":
         target = planner.choose_target(inputs.targets.candidates, context, hidden)
         return NO_NEXT if target is None else planner.predict_next(target, context, NEXT_CANDIDATES)
@@ -132,11 +145,30 @@ def predict_next(
     return _search_next(inputs, context)
 
 
+def signals(
+    planner: TenantPlanner,
+    inputs: Inputs,
+    context: Sequence[str],
+    hidden: frozenset[str] = frozenset(),
+) -> Signals:
+    """What the blend weighs at one step: search's order, the observed transitions and the
+    forward hyperpath, each as its method answers."""
+    transitions = planner.legacy_next(context, NEXT_CANDIDATES) if context else []
+    return Signals(
+        _search_next(inputs, context).candidates,
+        tuple(transitions),
+        predict_next("drdsp", planner, inputs, context, hidden),
+    )
+
+
 def suggest_dag(
     method: str, planner: TenantPlanner, inputs: Inputs, hidden: frozenset[str] = frozenset()
 ) -> DagPlan:
     """The whole DAG `method` suggests for the intent `inputs` were fetched for (without the
-    `hidden` capabilities, as `predict_next`)."""
+    `hidden` capabilities, as `predict_next`). The blend predicts next steps: its DAG is
+    search's."""
+    if method == BLEND:
+        method = "search"
     first = inputs.tools[0] if inputs.tools else None
     if method == "drdsp":
         target = planner.choose_target(inputs.targets.candidates, hidden=hidden)

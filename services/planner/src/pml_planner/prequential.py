@@ -27,11 +27,16 @@ dedupe of the planner's shared group.
 
 An empty `method` takes, per tenant, the method of best next_hit@1 (PredictNext) or mean node F1
 (SuggestDag) once every method has `MIN_EVIDENCE` judged predictions (DAGs); before that,
-DR-DSP. Search's order (`ZERO_SHOT_METHOD`), which needs nothing learned, stays the choice
-unless the best method beats it by more than `margin(n)` = 1/√n on n judged items: about the
-95 % half-width of a share estimated on n, so a method is not preferred on noise (on ETOM's
+DR-DSP. The zero-shot choice (`ZERO_SHOT_METHODS`: the blend for the next step, which is
+search's order until its figures give the other signals weight, and search's order for DAGs)
+stays unless the best method beats it by more than `margin(n)` = 1/√n on n judged items: about
+the 95 % half-width of a share estimated on n, so a method is not preferred on noise (on ETOM's
 unseen workflows DR-DSP's DAGs were chosen on two folds of five within noise of search's, and
 were 2.5 points of node F1 below them on the unseen tasks).
+
+The blend's variants (every pair of its weight grid, `blend.VARIANTS`) are judged on every
+execution too, their next steps only; the blend's own figures are those of the pair it served
+when the execution arrived (`blend_weights`, chosen by the same margin).
 """
 
 from __future__ import annotations
@@ -50,7 +55,8 @@ from opentelemetry import metrics
 from pml_common import redis_keys
 from pml_common.events import ExecutionCompleted
 from pml_common.grpc_server import RequestError
-from pml_planner import methods
+from pml_planner import blend, methods
+from pml_planner.blend import BLEND, SEARCH_ONLY, VARIANTS, Weights
 from pml_planner.methods import DEFAULT_METHOD, METHODS, Inputs, Needs
 from pml_planner.planning import TenantPlanner
 from pml_planner.targets import TargetSource
@@ -67,16 +73,19 @@ _node_f1 = _meter.create_gauge(
     description="Mean node F1 of the DAGs a planning method would have suggested, cumulated",
 )
 
+Kind = Literal["next", "dag"]
+
 #: Predictions (DAGs) every method needs before the figures choose a tenant's default method.
 MIN_EVIDENCE = 20
-#: The method that needs nothing learned; another must beat it by `margin` to replace it.
-ZERO_SHOT_METHOD = "search"
+#: The method that needs nothing learned, per request; another must beat it by `margin` to
+#: replace it. For the next step it is the blend, which is search's order until its own
+#: figures give the other signals weight (`blend`).
+ZERO_SHOT_METHODS: Mapping[Kind, str] = {"next": BLEND, "dag": "search"}
 #: Distinct tools of one execution judged at most. It keeps the search call of the judgement
 #: (5 tools more than the longest context) within search's default candidate pool's half
 #: (`candidate_pool` 50 → 25), where a longer list does not change the order of the first ones.
 MAX_JUDGED_TOOLS = 20
 
-Kind = Literal["next", "dag"]
 _SUMS = ("predictions", "hits_at_1", "hits_at_3", "dags", "node_f1")
 
 
@@ -183,8 +192,29 @@ def figures_of(
     inputs: Inputs,
     tools: Sequence[str],
     hidden: frozenset[str] = frozenset(),
+    weights: Weights = SEARCH_ONLY,
 ) -> dict[str, MethodFigures]:
-    return {m: method_figures(m, planner, inputs, tools, hidden) for m in METHODS}
+    """Every method's figures on the run of `tools`, and every blend variant's (next steps
+    only); the blend's are those of the variant its `weights` name (the tenant's now)."""
+    out = {m: method_figures(m, planner, inputs, tools, hidden) for m in METHODS if m != BLEND}
+    steps = [
+        (methods.signals(planner, inputs, tools[:i], hidden), tool) for i, tool in enumerate(tools)
+    ]
+    for name, (hits_at_1, hits_at_3) in blend.variant_hits(steps).items():
+        out[name] = MethodFigures(len(tools), hits_at_1, hits_at_3)
+    search = out["search"]  # the blend's DAG is search's
+    served = out[blend.variant(weights)]
+    out[BLEND] = MethodFigures(
+        served.predictions, served.hits_at_1, served.hits_at_3, search.dags, search.node_f1
+    )
+    return out
+
+
+def blend_weights(summary: Summary, min_evidence: int = MIN_EVIDENCE) -> Weights:
+    """The blend's weights by the tenant's figures (`blend.choose_weights`)."""
+    hits = {v: summary.figures(v).hits_at_1 for v in VARIANTS}
+    judged = summary.figures(blend.variant(SEARCH_ONLY)).predictions
+    return blend.choose_weights(hits, judged, min_evidence, margin)
 
 
 def margin(evidence: int) -> float:
@@ -202,10 +232,10 @@ def choose(summary: Summary, kind: Kind, min_evidence: int = MIN_EVIDENCE) -> Ch
         METHODS,
         key=lambda m: (summary.figures(m).mean(kind), m == DEFAULT_METHOD, -METHODS.index(m)),
     )
-    best_figures, zero_shot = summary.figures(best), summary.figures(ZERO_SHOT_METHOD)
+    best_figures, zero_shot = summary.figures(best), summary.figures(ZERO_SHOT_METHODS[kind])
     evidence = min(best_figures.evidence(kind), zero_shot.evidence(kind))
     if best_figures.mean(kind) <= zero_shot.mean(kind) + margin(evidence):
-        best = ZERO_SHOT_METHOD
+        best = ZERO_SHOT_METHODS[kind]
     return Choice(best, "prequential")
 
 
@@ -245,7 +275,8 @@ class Judge:
         # never run are answered: no capability stands for it yet, even if one is registered.
         ran = await self._store.ran_before(event.tenant_id, tools)
         hidden = frozenset() if ran else planner.capabilities_running(tools)
-        return Judgement(figures_of(planner, inputs, tools, hidden), tuple(tools))
+        weights = blend_weights(await self._store.summary(event.tenant_id))
+        return Judgement(figures_of(planner, inputs, tools, hidden, weights), tuple(tools))
 
 
 @dataclass(frozen=True)
@@ -283,14 +314,15 @@ class PrequentialStore:
         sums = totals[2:] if tools else totals[1:]
         now = dict(zip(fields, map(float, sums), strict=True))
         for method in figures:
-            _export(tenant, method, _figures(now, method))
+            if method in METHODS:  # the blend's variants are its inner workings
+                _export(tenant, method, _figures(now, method))
 
     async def summary(self, tenant: str) -> Summary:
         rows: dict[bytes | str, bytes | str] = await self._redis.hgetall(
             redis_keys.planner_prequential(tenant)
         )
         fields = {_text(k): float(v) for k, v in rows.items()}
-        found = {m: _figures(fields, m) for m in METHODS}
+        found = {m: _figures(fields, m) for m in (*METHODS, *VARIANTS)}
         return Summary(found, int(fields.get("executions", 0.0)), int(fields.get("skipped", 0.0)))
 
     async def ran_before(self, tenant: str, tools: Sequence[str]) -> bool:

@@ -1,6 +1,7 @@
 """PlannerService: next-step prediction and whole-DAG suggestion (seed 000 PREDICTION and
-SUGGESTION modes), by DR-DSP over the capability hypergraph, or for comparison by the legacy
-heuristic, strategic discovery or search order (see `planning` for each method). Every
+SUGGESTION modes), by DR-DSP over the capability hypergraph, the legacy heuristic, strategic
+discovery, search order (see `planning` for each method), or for the next step the blend of
+search's order, observed transitions and the hyperpath (`blend`). Every
 answer passes the adaptive threshold of its context (`<method>:next` / `<method>:dag`); a
 rejected one still carries what was computed, with `accepted = false` and the reason.
 
@@ -21,9 +22,18 @@ from pml_common.grpc_server import invalid_argument
 from pml_common.request_validation import context_tools_of, tenant_of, text_of
 from pml_common.settings import Settings
 from pml_planner import methods
+from pml_planner.blend import BLEND, SEARCH_ONLY
 from pml_planner.methods import METHODS, Needs, dag_needs, next_needs
 from pml_planner.outcomes import SuggestionMemory
-from pml_planner.prequential import MIN_EVIDENCE, Choice, Kind, PrequentialStore, choose
+from pml_planner.prequential import (
+    MIN_EVIDENCE,
+    Choice,
+    Kind,
+    PrequentialStore,
+    Summary,
+    blend_weights,
+    choose,
+)
 from pml_planner.targets import TargetSource
 from pml_planner.tenants import TenantPlanners
 from pml_planner.thresholds import RedisThresholdStore, context_key
@@ -54,10 +64,14 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
     ) -> planner_pb2.PredictNextResponse:
         tenant, intent = self._common(request.tenant_id, request.intent)
         tools = _context_tools(request.context_tools)
-        method = await self._method(tenant, request.method, "next")
+        method, summary = await self._method(tenant, request.method, "next")
+        weights = SEARCH_ONLY
+        if method == BLEND:
+            weights = blend_weights(summary or await self._figures.summary(tenant))
+            trace.get_current_span().set_attribute("pml.planner.blend_weights", list(weights))
         planner = await self._planners.get(tenant)
         inputs = await self._fetch(tenant, intent, next_needs(method, tools))
-        plan = methods.predict_next(method, planner, inputs, tools)
+        plan = methods.predict_next(method, planner, inputs, tools, weights=weights)
         decision = await self._thresholds.decide(
             tenant, context_key(method, "next"), plan.confidence
         )
@@ -85,7 +99,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         self, request: planner_pb2.SuggestDagRequest, context: grpc.aio.ServicerContext
     ) -> planner_pb2.SuggestDagResponse:
         tenant, intent = self._common(request.tenant_id, request.intent)
-        method = await self._method(tenant, request.method, "dag")
+        method, _ = await self._method(tenant, request.method, "dag")
         planner = await self._planners.get(tenant)
         inputs = await self._fetch(tenant, intent, dag_needs(method))
         plan = methods.suggest_dag(method, planner, inputs)
@@ -116,6 +130,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
     ) -> planner_pb2.PlannerInfoResponse:
         tenant = tenant_of(request.tenant_id, self._settings)
         summary = await self._figures.summary(tenant)
+        transitions, hyperpath = blend_weights(summary)
         return planner_pb2.PlannerInfoResponse(
             next_method=choose(summary, "next").method,
             dag_method=choose(summary, "dag").method,
@@ -134,6 +149,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             executions=summary.executions,
             skipped_executions=summary.skipped,
             min_evidence=MIN_EVIDENCE,
+            blend_transitions_weight=transitions,
+            blend_hyperpath_weight=hyperpath,
         )
 
     async def _fetch(self, tenant: str, intent: str, needs: Needs) -> methods.Inputs:
@@ -143,16 +160,16 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             span.set_attribute("pml.planner.target_source", inputs.targets.source)
         return inputs
 
-    async def _method(self, tenant: str, method: str, kind: Kind) -> str:
-        """The method asked for, or when none is, the one the tenant's figures choose."""
+    async def _method(self, tenant: str, method: str, kind: Kind) -> tuple[str, Summary | None]:
+        """The method asked for, or when none is, the one the tenant's figures choose (with
+        those figures, when they were read)."""
         named = method.strip()
         if named and named not in METHODS:
             raise invalid_argument(f"method {method!r} is not one of {', '.join(METHODS)}")
-        chosen = (
-            Choice(named, "request") if named else choose(await self._figures.summary(tenant), kind)
-        )
+        summary = None if named else await self._figures.summary(tenant)
+        chosen = Choice(named, "request") if summary is None else choose(summary, kind)
         trace.get_current_span().set_attribute("pml.planner.method_source", chosen.source)
-        return chosen.method
+        return chosen.method, summary
 
     def _common(self, tenant_id: str, intent: str) -> tuple[str, str]:
         tenant = tenant_of(tenant_id, self._settings)
