@@ -9,6 +9,7 @@ from pml_planner.blend import (
     Signals,
     blended,
     choose_weights,
+    new_work,
     variant,
     variant_hits,
 )
@@ -64,3 +65,20 @@ def test_a_pair_must_beat_search_order_beyond_the_margin() -> None:
     assert choose_weights(hits, 10, 20, margin) == SEARCH_ONLY  # too little evidence
     hits[variant((1.0, 1.0))] = 60
     assert choose_weights(hits, 100, 20, margin) == SEARCH_ONLY  # +10 points: not beyond 0.1
+
+
+def test_a_pair_that_predicts_less_new_work_than_search_order_is_not_eligible() -> None:
+    def margin(n: int) -> float:
+        return 0.1
+
+    # On all 100 steps the hyperpath at 1 is far ahead; on the 30 steps of new work it is
+    # behind search's order, and the transitions at 0.5 tie it there.
+    hits = {variant(SEARCH_ONLY): 40, variant((0.0, 1.0)): 80, variant((0.5, 0.0)): 60}
+    hits |= {
+        new_work(variant(SEARCH_ONLY)): 15,
+        new_work(variant((0.0, 1.0))): 10,
+        new_work(variant((0.5, 0.0))): 15,
+    }
+    assert choose_weights(hits, 100, 20, margin, new_predictions=30) == (0.5, 0.0)
+    # Too few steps of new work to say: the overall figures decide.
+    assert choose_weights(hits, 100, 20, margin, new_predictions=19) == (0.0, 1.0)

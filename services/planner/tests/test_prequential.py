@@ -6,7 +6,7 @@ import pytest
 from redis.asyncio import Redis
 
 from pml_common.events import ExecutionCompleted, ExecutionStep
-from pml_planner.blend import SEARCH_ONLY, VARIANTS, variant
+from pml_planner.blend import SEARCH_ONLY, VARIANTS, new_work, variant
 from pml_planner.graph_source import LinkInfo, NodeInfo, PlannerGraph
 from pml_planner.methods import METHODS, Inputs
 from pml_planner.planning import Candidate, TenantPlanner
@@ -64,6 +64,9 @@ def test_each_method_is_judged_at_every_step_and_on_its_dag() -> None:
     # With the hyperpath weighed 2, s:b (A's next step) comes before search's s:c.
     assert served["blend"] == MethodFigures(2, 2, 2, 1, pytest.approx(0.8))
     assert served[variant((0.0, 2.0))].hits_at_1 == 2
+    assert not any(name.endswith("/new") for name in served)
+    new = figures_of(_planner(), _inputs(), ["s:a", "s:b"], new_work=True)
+    assert new[new_work(variant((0.0, 2.0)))] == new[variant((0.0, 2.0))]
 
 
 def test_the_blend_serves_the_weights_its_figures_earned() -> None:
@@ -78,6 +81,14 @@ def test_the_blend_serves_the_weights_its_figures_earned() -> None:
     assert blend_weights(Summary(found)) == (1.0, 2.0)  # +11: the lighter of the two best
     short = {v: MethodFigures(MIN_EVIDENCE - 1, f.hits_at_1) for v, f in found.items()}
     assert blend_weights(Summary(short)) == SEARCH_ONLY
+    # On 30 steps of new work (1, 2) hit fewer than search's order: (2, 2) is not eligible
+    # either; the lighter pairs are not beyond the margin.
+    found |= {new_work(v): MethodFigures(30, 10) for v in VARIANTS}
+    found[new_work(variant((1.0, 2.0)))] = MethodFigures(30, 9)
+    found[new_work(variant((2.0, 2.0)))] = MethodFigures(30, 9)
+    assert blend_weights(Summary(found)) == SEARCH_ONLY
+    found[new_work(variant((2.0, 2.0)))] = MethodFigures(30, 10)
+    assert blend_weights(Summary(found)) == (2.0, 2.0)
 
 
 def test_judged_tools_are_the_known_tools_in_first_run_order() -> None:

@@ -35,8 +35,9 @@ unseen workflows DR-DSP's DAGs were chosen on two folds of five within noise of 
 were 2.5 points of node F1 below them on the unseen tasks).
 
 The blend's variants (every pair of its weight grid, `blend.VARIANTS`) are judged on every
-execution too, their next steps only; the blend's own figures are those of the pair it served
-when the execution arrived (`blend_weights`, chosen by the same margin).
+execution too, their next steps only, and on new work also apart; the blend's own figures are
+those of the pair it served when the execution arrived (`blend_weights`, chosen by the same
+margin, among the pairs that do not fall below search's order on new work).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from pml_common import redis_keys
 from pml_common.events import ExecutionCompleted
 from pml_common.grpc_server import RequestError
 from pml_planner import blend, methods
-from pml_planner.blend import BLEND, SEARCH_ONLY, VARIANTS, Weights
+from pml_planner.blend import BLEND, NEW_WORK_VARIANTS, SEARCH_ONLY, VARIANTS, Weights
 from pml_planner.methods import DEFAULT_METHOD, METHODS, Inputs, Needs
 from pml_planner.planning import TenantPlanner
 from pml_planner.targets import TargetSource
@@ -193,15 +194,19 @@ def figures_of(
     tools: Sequence[str],
     hidden: frozenset[str] = frozenset(),
     weights: Weights = SEARCH_ONLY,
+    new_work: bool = False,
 ) -> dict[str, MethodFigures]:
     """Every method's figures on the run of `tools`, and every blend variant's (next steps
-    only); the blend's are those of the variant its `weights` name (the tenant's now)."""
+    only; also under `blend.new_work` names when the run is `new_work`); the blend's are those
+    of the variant its `weights` name (the tenant's now)."""
     out = {m: method_figures(m, planner, inputs, tools, hidden) for m in METHODS if m != BLEND}
     steps = [
         (methods.signals(planner, inputs, tools[:i], hidden), tool) for i, tool in enumerate(tools)
     ]
     for name, (hits_at_1, hits_at_3) in blend.variant_hits(steps).items():
         out[name] = MethodFigures(len(tools), hits_at_1, hits_at_3)
+        if new_work:
+            out[blend.new_work(name)] = out[name]
     search = out["search"]  # the blend's DAG is search's
     served = out[blend.variant(weights)]
     out[BLEND] = MethodFigures(
@@ -212,9 +217,11 @@ def figures_of(
 
 def blend_weights(summary: Summary, min_evidence: int = MIN_EVIDENCE) -> Weights:
     """The blend's weights by the tenant's figures (`blend.choose_weights`)."""
-    hits = {v: summary.figures(v).hits_at_1 for v in VARIANTS}
-    judged = summary.figures(blend.variant(SEARCH_ONLY)).predictions
-    return blend.choose_weights(hits, judged, min_evidence, margin)
+    hits = {v: summary.figures(v).hits_at_1 for v in (*VARIANTS, *NEW_WORK_VARIANTS)}
+    zero_shot = blend.variant(SEARCH_ONLY)
+    judged = summary.figures(zero_shot).predictions
+    new = summary.figures(blend.new_work(zero_shot)).predictions
+    return blend.choose_weights(hits, judged, min_evidence, margin, new)
 
 
 def margin(evidence: int) -> float:
@@ -276,7 +283,8 @@ class Judge:
         ran = await self._store.ran_before(event.tenant_id, tools)
         hidden = frozenset() if ran else planner.capabilities_running(tools)
         weights = blend_weights(await self._store.summary(event.tenant_id))
-        return Judgement(figures_of(planner, inputs, tools, hidden, weights), tuple(tools))
+        judged = figures_of(planner, inputs, tools, hidden, weights, new_work=not ran)
+        return Judgement(judged, tuple(tools))
 
 
 @dataclass(frozen=True)
@@ -322,7 +330,7 @@ class PrequentialStore:
             redis_keys.planner_prequential(tenant)
         )
         fields = {_text(k): float(v) for k, v in rows.items()}
-        found = {m: _figures(fields, m) for m in (*METHODS, *VARIANTS)}
+        found = {m: _figures(fields, m) for m in (*METHODS, *VARIANTS, *NEW_WORK_VARIANTS)}
         return Summary(found, int(fields.get("executions", 0.0)), int(fields.get("skipped", 0.0)))
 
     async def ran_before(self, tenant: str, tools: Sequence[str]) -> bool:
