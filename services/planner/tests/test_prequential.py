@@ -69,26 +69,21 @@ def test_each_method_is_judged_at_every_step_and_on_its_dag() -> None:
     assert new[new_work(variant((0.0, 2.0)))] == new[variant((0.0, 2.0))]
 
 
-def test_the_blend_serves_the_weights_its_figures_earned() -> None:
+def test_the_blend_serves_the_weights_its_figures_on_new_work_earned() -> None:
     n = 100  # margin 1/√100 = 0.1
-    hits = {v: 40 for v in VARIANTS}
-    found = {v: MethodFigures(n, hits[v]) for v in VARIANTS}
+    found = {new_work(v): MethodFigures(n, 40) for v in VARIANTS}
+    found |= {v: MethodFigures(3 * n, 100) for v in VARIANTS}
     assert blend_weights(Summary(found)) == SEARCH_ONLY  # every pair ties: search's order
-    found[variant((0.5, 1.0))] = MethodFigures(n, 49)
+    found[new_work(variant((0.5, 1.0)))] = MethodFigures(n, 49)
     assert blend_weights(Summary(found)) == SEARCH_ONLY  # +9 points: within the margin
-    found[variant((1.0, 2.0))] = MethodFigures(n, 51)
-    found[variant((2.0, 2.0))] = MethodFigures(n, 51)
+    found[new_work(variant((1.0, 2.0)))] = MethodFigures(n, 51)
+    found[new_work(variant((2.0, 2.0)))] = MethodFigures(n, 51)
     assert blend_weights(Summary(found)) == (1.0, 2.0)  # +11: the lighter of the two best
+    # Far better on all runs, no better on new work: no weight.
+    found[variant((0.0, 1.0))] = MethodFigures(3 * n, 3 * n)
+    assert blend_weights(Summary(found)) == (1.0, 2.0)
     short = {v: MethodFigures(MIN_EVIDENCE - 1, f.hits_at_1) for v, f in found.items()}
     assert blend_weights(Summary(short)) == SEARCH_ONLY
-    # On 30 steps of new work (1, 2) hit fewer than search's order: (2, 2) is not eligible
-    # either; the lighter pairs are not beyond the margin.
-    found |= {new_work(v): MethodFigures(30, 10) for v in VARIANTS}
-    found[new_work(variant((1.0, 2.0)))] = MethodFigures(30, 9)
-    found[new_work(variant((2.0, 2.0)))] = MethodFigures(30, 9)
-    assert blend_weights(Summary(found)) == SEARCH_ONLY
-    found[new_work(variant((2.0, 2.0)))] = MethodFigures(30, 10)
-    assert blend_weights(Summary(found)) == (2.0, 2.0)
 
 
 def test_judged_tools_are_the_known_tools_in_first_run_order() -> None:

@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from pml.v1 import planner_pb2
 from pml_common.grpc_server import RequestError
 from pml_common.settings import Settings
-from pml_planner.blend import VARIANTS, variant
+from pml_planner.blend import VARIANTS, new_work, variant
 from pml_planner.methods import METHODS
 from pml_planner.outcomes import SuggestionMemory
 from pml_planner.prequential import MIN_EVIDENCE, MethodFigures, PrequentialStore
@@ -159,10 +159,10 @@ async def test_the_blend_follows_the_weights_the_tenant_figures_earned(
     assert (first.method, first.next_tool) == ("blend", "s:ship")  # search's order, no figures
     assert spans.last()["pml.planner.blend_weights"] == (0.0, 0.0)
 
-    # The hyperpath predicted every judged step, search's order none of them.
+    # On new work the hyperpath predicted every judged step, search's order none of them.
     n = MIN_EVIDENCE
-    run = {v: MethodFigures(n, 0) for v in VARIANTS}
-    run[variant((0.0, 2.0))] = MethodFigures(n, n)
+    run = {new_work(v): MethodFigures(n, 0) for v in VARIANTS}
+    run[new_work(variant((0.0, 2.0)))] = MethodFigures(n, n)
     await figures.record(tenant, run)
     followed = await blend_next()
     assert followed.next_tool == "s:test" and followed.target_capability == "release"

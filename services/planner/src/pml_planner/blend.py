@@ -14,14 +14,15 @@ hyperpath towards the target chosen from the intent and the context. The blend s
 are not). Weights (0, 0) are search's order itself, the zero-shot answer.
 
 Which weights serve is decided as the planning methods are (`prequential`): every arriving
-execution is predicted by every pair of `WEIGHT_GRID`, before the planner learns from it, and a
-pair replaces (0, 0) only when its next_hit@1 beats it by more than `prequential.margin` on the
-judged steps. A tenant's runs mostly repeat work it ran before, where the hyperpath and the
-transitions know the way; the runs of a set of tools never run before (*new work*) stand for the
-tasks they cannot know, and are also counted apart (`new_work`): once there are enough of them,
-a pair is eligible only if on them it predicts no fewer next steps than search's order. Without
-that, MetaTool's workflow split served the hyperpath at weight 1, learned on repeated pairs, and
-the unseen pairs' next_hit@1 fell from 0.452 (search's order) to 0.367 (docs/benchmarks.md).
+execution is predicted by every pair of `WEIGHT_GRID`, before the planner learns from it. A
+tenant's runs mostly repeat work it ran before, where the hyperpath and the transitions know the
+way, and where DR-DSP itself, judged on the same runs, becomes the default method when it is
+best. The blend's weights are for the rest: they are chosen on the runs of a set of tools never
+run before (*new work*, counted apart under `new_work` names), and a pair replaces (0, 0) only
+when its next_hit@1 there beats (0, 0) by more than `prequential.margin`. Chosen on all runs,
+MetaTool's workflow split served the hyperpath at weight 1, learned on repeated pairs, and the
+unseen pairs' next_hit@1 fell from 0.452 (search's order) to 0.367; with a guard that only
+barred pairs below (0, 0) on new work, still to 0.439 (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -116,20 +117,14 @@ def choose_weights(
     predictions: int,
     min_evidence: int,
     margin: Callable[[int], float],
-    new_predictions: int = 0,
 ) -> Weights:
-    """The pair of best next_hit@1 on `predictions` judged steps if it beats search's order
-    (0, 0) by more than `margin(predictions)`, else (0, 0); (0, 0) before `min_evidence`.
-    With `min_evidence` steps of new work (`hits_at_1` under `new_work` names), a pair that
-    hit fewer of them than (0, 0) is not eligible."""
+    """The pair of best next_hit@1 on `predictions` judged steps of new work (`hits_at_1` under
+    `new_work` names) if it beats (0, 0), search's order, by more than `margin(predictions)`
+    there, else (0, 0); (0, 0) before `min_evidence` steps."""
     if predictions < min_evidence:
         return SEARCH_ONLY
-    rate = {pair: hits_at_1.get(variant(pair), 0) / predictions for pair in WEIGHT_PAIRS}
-    eligible = list(WEIGHT_PAIRS)
-    if new_predictions >= min_evidence:
-        new = {pair: hits_at_1.get(new_work(variant(pair)), 0) for pair in WEIGHT_PAIRS}
-        eligible = [pair for pair in WEIGHT_PAIRS if new[pair] >= new[SEARCH_ONLY]]
-    best = max(eligible, key=lambda pair: (rate[pair], -WEIGHT_PAIRS.index(pair)))
-    if rate[best] <= rate[SEARCH_ONLY] + margin(predictions):
+    hits = {pair: hits_at_1.get(new_work(variant(pair)), 0) for pair in WEIGHT_PAIRS}
+    best = max(WEIGHT_PAIRS, key=lambda pair: (hits[pair], -WEIGHT_PAIRS.index(pair)))
+    if (hits[best] - hits[SEARCH_ONLY]) / predictions <= margin(predictions):
         return SEARCH_ONLY
     return best

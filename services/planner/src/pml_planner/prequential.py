@@ -36,8 +36,8 @@ were 2.5 points of node F1 below them on the unseen tasks).
 
 The blend's variants (every pair of its weight grid, `blend.VARIANTS`) are judged on every
 execution too, their next steps only, and on new work also apart; the blend's own figures are
-those of the pair it served when the execution arrived (`blend_weights`, chosen by the same
-margin, among the pairs that do not fall below search's order on new work).
+those of the pair it served when the execution arrived (`blend_weights`: chosen on new work
+alone, by the same margin).
 """
 
 from __future__ import annotations
@@ -217,11 +217,9 @@ def figures_of(
 
 def blend_weights(summary: Summary, min_evidence: int = MIN_EVIDENCE) -> Weights:
     """The blend's weights by the tenant's figures (`blend.choose_weights`)."""
-    hits = {v: summary.figures(v).hits_at_1 for v in (*VARIANTS, *NEW_WORK_VARIANTS)}
-    zero_shot = blend.variant(SEARCH_ONLY)
-    judged = summary.figures(zero_shot).predictions
-    new = summary.figures(blend.new_work(zero_shot)).predictions
-    return blend.choose_weights(hits, judged, min_evidence, margin, new)
+    hits = {v: summary.figures(v).hits_at_1 for v in NEW_WORK_VARIANTS}
+    judged = summary.figures(blend.new_work(blend.variant(SEARCH_ONLY))).predictions
+    return blend.choose_weights(hits, judged, min_evidence, margin)
 
 
 def margin(evidence: int) -> float:
