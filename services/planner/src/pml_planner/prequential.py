@@ -57,7 +57,7 @@ from pml_common import redis_keys
 from pml_common.events import ExecutionCompleted
 from pml_common.grpc_server import RequestError
 from pml_planner import blend, methods
-from pml_planner.blend import BLEND, NEW_WORK_VARIANTS, SEARCH_ONLY, VARIANTS, Weights
+from pml_planner.blend import BLEND, NEW_WORK_VARIANTS, SEARCH_ONLY, Weights
 from pml_planner.methods import DEFAULT_METHOD, METHODS, Inputs, Needs
 from pml_planner.planning import TenantPlanner
 from pml_planner.targets import TargetSource
@@ -328,7 +328,9 @@ class PrequentialStore:
             redis_keys.planner_prequential(tenant)
         )
         fields = {_text(k): float(v) for k, v in rows.items()}
-        found = {m: _figures(fields, m) for m in (*METHODS, *VARIANTS, *NEW_WORK_VARIANTS)}
+        # The variants' figures on all runs are not read back: the blend's weights come from
+        # new work alone (`blend_weights`).
+        found = {m: _figures(fields, m) for m in (*METHODS, *NEW_WORK_VARIANTS)}
         return Summary(found, int(fields.get("executions", 0.0)), int(fields.get("skipped", 0.0)))
 
     async def ran_before(self, tenant: str, tools: Sequence[str]) -> bool:
