@@ -140,6 +140,10 @@ def test_learned_capabilities_become_the_dag_failures_move_it_and_runs_are_judge
     assert set(figures) == {"drdsp", "legacy", "discovery", "search", "blend"}
     for m in figures.values():
         assert (m.predictions, m.dags) == (2 * len(failures), len(failures))
+    # The first run of that set of tools was new work; the seven after it repeated it.
+    on_new_work = {m.method: m for m in info.new_work_methods}  # type: ignore[attr-defined]
+    assert set(on_new_work) == set(figures)
+    assert all((m.predictions, m.dags) == (2, 1) for m in on_new_work.values())
     # Search ranks the tenant's 4 tools: once the report is built, the 3 left are its first 3.
     assert figures["search"].next_hit_at_3 > 0
     shown = pml("plan", "info", "--tenant", e2e_tenant, "--json")

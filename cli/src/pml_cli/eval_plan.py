@@ -356,10 +356,15 @@ def chosen_methods(
         "judged_executions": info.executions,
         "blend_weights": [info.blend_transitions_weight, info.blend_hyperpath_weight],
         # what the choice was made on: each method's prequential figures on the training runs
-        "prequential": {
-            m.method: {"next_hit@1": round(m.next_hit_at_1, 4), "node_f1": round(m.node_f1, 4)}
-            for m in info.methods
-        },
+        "prequential": _figures(info.methods),
+        "prequential_new_work": _figures(info.new_work_methods),
+    }
+
+
+def _figures(found: Sequence[planner_pb2.MethodFigures]) -> dict[str, dict[str, float]]:
+    return {
+        m.method: {"next_hit@1": round(m.next_hit_at_1, 4), "node_f1": round(m.node_f1, 4)}
+        for m in found
     }
 
 

@@ -67,6 +67,7 @@ def test_each_method_is_judged_at_every_step_and_on_its_dag() -> None:
     assert not any(name.endswith("/new") for name in served)
     new = figures_of(_planner(), _inputs(), ["s:a", "s:b"], new_work=True)
     assert new[new_work(variant((0.0, 2.0)))] == new[variant((0.0, 2.0))]
+    assert all(new[new_work(m)] == new[m] for m in METHODS)
 
 
 def test_the_blend_serves_the_weights_its_figures_on_new_work_earned() -> None:
@@ -104,12 +105,21 @@ def test_one_fetch_covers_every_method_and_step() -> None:
     assert needs.capabilities and needs.tools == 7
 
 
-def _summary(next_hits: dict[str, int], f1: dict[str, float], n: int) -> Summary:
-    """Figures of every method; the blend's are search's unless given (its weights at 0)."""
-    next_hits = {"blend": next_hits.get("search", 0), **next_hits}
-    return Summary(
-        {m: MethodFigures(n, next_hits.get(m, 0), 0, n, f1.get(m, 0.0) * n) for m in METHODS}
-    )
+def _summary(
+    next_hits: dict[str, int],
+    f1: dict[str, float],
+    n: int,
+    new_work_hits: dict[str, int] | None = None,
+) -> Summary:
+    """Figures of every method, the same on new work (n judged there too) unless its hits are
+    given; the blend's are search's unless given (its weights at 0)."""
+
+    def figures(hits: dict[str, int]) -> dict[str, MethodFigures]:
+        hits = {"blend": hits.get("search", 0), **hits}
+        return {m: MethodFigures(n, hits.get(m, 0), 0, n, f1.get(m, 0.0) * n) for m in METHODS}
+
+    on_new_work = figures(next_hits if new_work_hits is None else new_work_hits)
+    return Summary(figures(next_hits) | {new_work(m): f for m, f in on_new_work.items()})
 
 
 def test_the_best_method_is_chosen_once_every_method_has_enough_evidence() -> None:
@@ -141,6 +151,22 @@ def test_the_zero_shot_methods_stay_unless_beaten_beyond_the_margin() -> None:
     assert choose(beyond, "next").method == "drdsp"
     assert choose(beyond, "dag").method == "drdsp"
     assert margin(n) == pytest.approx(0.05)
+
+
+def test_a_method_worse_on_new_work_does_not_replace_the_zero_shot_one() -> None:
+    n = 400
+    # DR-DSP beats search's order on all runs (the repeated work of capabilities it recalls).
+    repeated = {"drdsp": 300, "search": 200}
+    better = _summary(repeated, {}, n, new_work_hits={"drdsp": 101, "search": 100})
+    assert choose(better, "next").method == "drdsp"
+    tied = _summary(repeated, {}, n, new_work_hits={"drdsp": 100, "search": 100})
+    assert choose(tied, "next").method == "drdsp"  # not worse: enough
+    worse = _summary(repeated, {}, n, new_work_hits={"drdsp": 99, "search": 100})
+    assert choose(worse, "next") == Choice("blend", "prequential")
+    # Too little new work to tell: the zero-shot method stays.
+    short = dict(better.methods)
+    short[new_work("drdsp")] = MethodFigures(MIN_EVIDENCE - 1, MIN_EVIDENCE - 1)
+    assert choose(Summary(short), "next").method == "blend"
 
 
 def test_ties_between_the_others_keep_drdsp() -> None:

@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from pml.v1 import planner_pb2
 from pml_common.grpc_server import RequestError
 from pml_common.settings import Settings
-from pml_planner.blend import VARIANTS, new_work, variant
+from pml_planner.blend import BLEND, VARIANTS, new_work, variant
 from pml_planner.methods import METHODS
 from pml_planner.outcomes import SuggestionMemory
 from pml_planner.prequential import MIN_EVIDENCE, MethodFigures, PrequentialStore
@@ -67,14 +67,18 @@ def _servicer(
     return servicer, figures
 
 
-def _one_run(best_next: str, best_dag: str, n: int) -> dict[str, MethodFigures]:
+def _one_run(best_next: str, best_dag: str, n: int, new: bool = True) -> dict[str, MethodFigures]:
     """`n` predictions and DAGs per method: `best_next` hit every one, the others half (DR-DSP)
-    or none; `best_dag`'s DAGs were exact, DR-DSP's half right."""
+    or none, the blend as search (its weights at 0); `best_dag`'s DAGs were exact, DR-DSP's
+    half right; all of it new work if `new`."""
     figures = {}
     for m in METHODS:
-        hits = n if m == best_next else n // 2 if m == "drdsp" else 0
+        predicts_as = "search" if m == BLEND else m
+        hits = n if predicts_as == best_next else n // 2 if m == "drdsp" else 0
         f1 = 1.0 if m == best_dag else 0.5 if m == "drdsp" else 0.0
         figures[m] = MethodFigures(n, hits, hits, n, f1 * n)
+    if new:
+        figures |= {new_work(m): f for m, f in figures.items()}
     return figures
 
 
@@ -113,6 +117,12 @@ async def test_a_request_naming_no_method_gets_the_best_by_evidence(
     assert {c.tool for c in reply.candidates} == {"s:test", "s:ship"}  # DR-DSP's plan
     assert spans.last()["pml.planner.method_source"] == "default"
     assert (await dag_by()).method == "drdsp"
+
+    # Enough evidence on all runs, one short on new work: the zero-shot methods answer.
+    await figures.record(tenant, _one_run("legacy", "search", 1, new=False))
+    reply = await next_by()
+    assert (reply.method, spans.last()["pml.planner.method_source"]) == ("blend", "prequential")
+    assert (await dag_by()).method == "search"
 
     await figures.record(tenant, _one_run("legacy", "search", 1))
     reply = await next_by()
@@ -180,23 +190,33 @@ async def test_planner_info_shows_the_figures_and_the_choice(
 ) -> None:
     servicer, figures = _servicer(redis, graph_db, settings, stand_ins)
     await figures.record(tenant, _one_run("search", "legacy", MIN_EVIDENCE))
+    await figures.record(tenant, _one_run("legacy", "legacy", 3 * MIN_EVIDENCE, new=False))
     await figures.record(tenant, {})
 
     info = await servicer.PlannerInfo(
         planner_pb2.PlannerInfoRequest(tenant_id=tenant),
         NO_CONTEXT,
     )
-    assert (info.next_method, info.dag_method) == ("search", "legacy")
-    assert (info.executions, info.skipped_executions) == (1, 1)
+    # Legacy's next steps are best on all runs but missed every step of new work, where the
+    # blend (search's order) hit them all; its DAGs were exact on both.
+    assert (info.next_method, info.dag_method) == ("blend", "legacy")
+    assert (info.executions, info.skipped_executions) == (2, 1)
     assert info.min_evidence == MIN_EVIDENCE
     assert (info.blend_transitions_weight, info.blend_hyperpath_weight) == (0.0, 0.0)
     by_method = {m.method: m for m in info.methods}
     assert list(by_method) == list(METHODS)
-    assert by_method["search"].predictions == MIN_EVIDENCE
-    assert by_method["search"].next_hit_at_1 == 1.0
+    assert by_method["legacy"].predictions == 4 * MIN_EVIDENCE
+    assert by_method["legacy"].next_hit_at_1 == pytest.approx(0.75)
+    assert by_method["search"].next_hit_at_1 == pytest.approx(0.25)
     assert by_method["drdsp"].next_hit_at_1 == pytest.approx(0.5)
-    assert by_method["drdsp"].node_f1 == pytest.approx(0.5)
-    assert by_method["legacy"].dags == MIN_EVIDENCE
+    assert by_method["legacy"].node_f1 == pytest.approx(1.0)
+    assert by_method["legacy"].dags == 4 * MIN_EVIDENCE
+    on_new_work = {m.method: m for m in info.new_work_methods}
+    assert list(on_new_work) == list(METHODS)
+    assert on_new_work["search"].predictions == MIN_EVIDENCE
+    assert on_new_work["search"].next_hit_at_1 == 1.0
+    assert on_new_work["legacy"].next_hit_at_1 == 0.0
+    assert on_new_work["legacy"].node_f1 == pytest.approx(1.0)
 
     with pytest.raises(RequestError) as refused:
         await servicer.PlannerInfo(

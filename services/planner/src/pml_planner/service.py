@@ -22,13 +22,14 @@ from pml_common.grpc_server import invalid_argument
 from pml_common.request_validation import context_tools_of, tenant_of, text_of
 from pml_common.settings import Settings
 from pml_planner import methods
-from pml_planner.blend import BLEND, SEARCH_ONLY
+from pml_planner.blend import BLEND, SEARCH_ONLY, new_work
 from pml_planner.methods import METHODS, Needs, dag_needs, next_needs
 from pml_planner.outcomes import SuggestionMemory
 from pml_planner.prequential import (
     MIN_EVIDENCE,
     Choice,
     Kind,
+    MethodFigures,
     PrequentialStore,
     Summary,
     blend_weights,
@@ -134,18 +135,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
         return planner_pb2.PlannerInfoResponse(
             next_method=choose(summary, "next").method,
             dag_method=choose(summary, "dag").method,
-            methods=[
-                planner_pb2.MethodFigures(
-                    method=m,
-                    predictions=f.predictions,
-                    next_hit_at_1=f.next_hit_at_1,
-                    next_hit_at_3=f.next_hit_at_3,
-                    dags=f.dags,
-                    node_f1=f.mean_node_f1,
-                )
-                for m in METHODS
-                for f in (summary.figures(m),)
-            ],
+            methods=[_method_figures(m, summary.figures(m)) for m in METHODS],
+            new_work_methods=[_method_figures(m, summary.figures(new_work(m))) for m in METHODS],
             executions=summary.executions,
             skipped_executions=summary.skipped,
             min_evidence=MIN_EVIDENCE,
@@ -179,6 +170,17 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
 def _context_tools(tools: Sequence[str]) -> list[str]:
     # The rules of SearchTools' context tools: the tools named are looked up in the same graph.
     return context_tools_of(tools, MAX_CONTEXT)
+
+
+def _method_figures(method: str, figures: MethodFigures) -> planner_pb2.MethodFigures:
+    return planner_pb2.MethodFigures(
+        method=method,
+        predictions=figures.predictions,
+        next_hit_at_1=figures.next_hit_at_1,
+        next_hit_at_3=figures.next_hit_at_3,
+        dags=figures.dags,
+        node_f1=figures.mean_node_f1,
+    )
 
 
 def _annotate(method: str, target: str, confidence: float, accepted: bool) -> None:
