@@ -78,6 +78,11 @@ class CannedPlanner:
             executions=12,
             skipped_executions=3,
             min_evidence=20,
+            new_work_methods=[
+                planner_pb2.MethodFigures(
+                    method="legacy", predictions=8, next_hit_at_1=0.125, dags=4, node_f1=0.5
+                )
+            ],
         )
 
 
@@ -137,6 +142,8 @@ def test_plan_info_prints_the_figures_and_the_choice(canned: CannedPlanner) -> N
     assert "12 judged, 3 skipped" in result.stdout
     rows = [line.replace("│", " ").split() for line in lines if line.startswith("│")]
     assert ["legacy", "40", "0.500", "0.750", "12", "0.000"] in rows
+    assert "new work" in result.stdout
+    assert ["legacy", "8", "0.125", "4", "0.500"] in rows  # its figures on new work alone
     (request,) = canned.requests
     assert request.tenant_id == "t1"
 

@@ -242,34 +242,22 @@ def print_planner_info(console: Console, reply: planner_pb2.PlannerInfoResponse)
         f"[bold]blend[/]       transitions {reply.blend_transitions_weight:g}, hyperpath "
         f"{reply.blend_hyperpath_weight:g} (search's order 1)"
     )
-    table = Table(
-        "method",
-        "predictions",
-        "next_hit@1",
-        "next_hit@3",
-        "dags",
-        "node F1",
-        "new work: next_hit@1",
-        "node F1",
-    )
-    on_new_work = {m.method: m for m in reply.new_work_methods}
+    table = Table("method", "predictions", "next_hit@1", "next_hit@3", "dags", "node F1")
     for m in reply.methods:
-        new = on_new_work.get(m.method, planner_pb2.MethodFigures())
-        table.add_row(
-            escape(m.method),
-            str(m.predictions),
-            f"{m.next_hit_at_1:.3f}",
-            f"{m.next_hit_at_3:.3f}",
-            str(m.dags),
-            f"{m.node_f1:.3f}",
-            f"{new.next_hit_at_1:.3f} of {new.predictions}",
-            f"{new.node_f1:.3f} of {new.dags}",
-        )
+        table.add_row(*_figure_cells(m), f"{m.next_hit_at_3:.3f}", str(m.dags), f"{m.node_f1:.3f}")
     console.print(table)
+    new_work = Table("method", "predictions", "next_hit@1", "dags", "node F1", title="new work")
+    for m in reply.new_work_methods:
+        new_work.add_row(*_figure_cells(m), str(m.dags), f"{m.node_f1:.3f}")
+    console.print(new_work)
     console.print(
         "A method replaces the zero-shot one (the blend, search's order for DAGs) only if it "
         "beats it on all runs beyond noise and is not worse on new work."
     )
+
+
+def _figure_cells(m: planner_pb2.MethodFigures) -> tuple[str, str, str]:
+    return escape(m.method), str(m.predictions), f"{m.next_hit_at_1:.3f}"
 
 
 async def publish_events(settings: Settings, events: Sequence[Event]) -> list[str]:
