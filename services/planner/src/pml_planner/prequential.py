@@ -245,9 +245,10 @@ def choose(summary: Summary, kind: Kind, min_evidence: int = MIN_EVIDENCE) -> Ch
         METHODS,
         key=lambda m: (summary.figures(m).mean(kind), m == DEFAULT_METHOD, -METHODS.index(m)),
     )
-    if not (_beats(summary, best, zero_shot, kind) and _holds_on_new_work(summary, best, kind)):
-        best = zero_shot
-    return Choice(best, "prequential")
+    replaces = _beats(summary, best, zero_shot, kind) and _holds_on_new_work(
+        summary, best, zero_shot, kind, min_evidence
+    )
+    return Choice(best if replaces else zero_shot, "prequential")
 
 
 def _beats(summary: Summary, method: str, zero_shot: str, kind: Kind) -> bool:
@@ -257,14 +258,14 @@ def _beats(summary: Summary, method: str, zero_shot: str, kind: Kind) -> bool:
 
 
 def _holds_on_new_work(
-    summary: Summary, method: str, kind: Kind, min_evidence: int = MIN_EVIDENCE
+    summary: Summary, method: str, zero_shot: str, kind: Kind, min_evidence: int
 ) -> bool:
-    """Whether `method` is not worse than the zero-shot method on new work. Most of a tenant's
-    runs repeat work it ran before, where the methods that recall capabilities shine; on a
-    task never run they can fall below search's order (MetaTool's workflow split: DR-DSP
-    chosen on all runs, 0.485 vs 0.447, then 0.390 vs 0.452 on the unseen tasks)."""
+    """Whether `method` is not worse than `zero_shot` on new work. Most of a tenant's runs
+    repeat work it ran before, where the methods that recall capabilities shine; on a task
+    never run they can fall below search's order (MetaTool's workflow split: DR-DSP chosen on
+    all runs, 0.485 vs 0.447, then 0.390 vs 0.452 on the unseen tasks)."""
     mine = summary.figures(blend.new_work(method))
-    theirs = summary.figures(blend.new_work(ZERO_SHOT_METHODS[kind]))
+    theirs = summary.figures(blend.new_work(zero_shot))
     if min(mine.evidence(kind), theirs.evidence(kind)) < min_evidence:
         return False
     return mine.mean(kind) >= theirs.mean(kind)
