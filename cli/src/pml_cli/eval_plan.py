@@ -358,6 +358,8 @@ def chosen_methods(
         # what the choice was made on: each method's prequential figures on the training runs
         "prequential": _figures(info.methods),
         "prequential_new_work": _figures(info.new_work_methods),
+        # what the blend's weights were chosen on
+        "blend_variants_new_work": _figures(info.blend_variants_new_work),
     }
 
 

@@ -66,6 +66,7 @@ async def test_a_deleted_tenant_takes_its_thresholds_suggestions_and_figures_alo
         assert await figures.ran_before(who, ["s:b", "s:a"])  # the same set of tools
         assert not await figures.ran_before(who, ["s:a"])
 
+    assert await redis.exists(f"pml:planner:judged:{tenant}") == 1  # what its run taught
     await consumers.on_tenant_deleted(TenantDeleted.create(tenant_id=tenant))
 
     assert await thresholds.all_contexts(tenant) == {}
@@ -73,6 +74,7 @@ async def test_a_deleted_tenant_takes_its_thresholds_suggestions_and_figures_alo
     assert await redis.exists(f"pml:planner:suggestions:{other}") == 1
     assert await redis.exists(f"pml:planner:prequential:{tenant}") == 0
     assert await redis.exists(f"pml:planner:runs:{tenant}") == 0
+    assert await redis.exists(f"pml:planner:judged:{tenant}") == 0
     assert await redis.exists(f"pml:planner:runs:{other}") == 1
 
 
@@ -161,3 +163,42 @@ async def test_an_execution_judged_but_never_recorded_is_still_new_work_when_red
     await figures.record(tenant, redelivered.figures, redelivered.tools)
     after = await judge.judge(event)  # the same tools once recorded: work already run
     assert after is not None and after.figures["drdsp"].node_f1 == 1.0
+
+
+async def test_the_judge_plans_without_what_the_trainer_learned_from_runs_not_yet_judged(
+    redis: Redis,
+    graph_db: neo4j.AsyncDriver,
+    settings: Settings,
+    tenant: str,
+    stand_ins: StandIns,
+) -> None:
+    await write_graph(graph_db, tenant, {"other": ["s:build", "s:lint"], "more": ["s:ship"]})
+    # The trainer, on its own consumer group, already learned build → ship from this run and
+    # two later ones (promoted to observed), and told the planner.
+    await graph_db.execute_query(
+        """
+        MATCH (a:Tool {tenant_id: $tenant, id: 's:build'}), (b:Tool {tenant_id: $tenant, id: 's:ship'})
+        CREATE (a)-[:LINK {type: 'sequence', source: 'observed', origin: 'execution',
+                           count: 3, factor: 1.0, weight: 1.0}]->(b)
+        """,
+        tenant=tenant,
+    )
+    stand_ins.rank(["s:lint", "s:build", "s:ship"])
+    planners = TenantPlanners(graph_db, settings.neo4j_database)
+    figures = PrequentialStore(redis)
+    judge = Judge(planners, stand_ins.targets, figures)
+    served = await planners.get(tenant)
+    assert [c.id for c in served.legacy_next(["s:build"], 1)] == ["s:ship"]
+    event = _run(tenant, "release it", "s:build", "s:ship")
+
+    first = await judge.judge(event)
+
+    # Judged on the graph as the runs judged before it made it: no build → ship yet, so the
+    # transitions cannot recall the run's second step (the served graph would have).
+    assert first is not None
+    assert first.figures["legacy"].hits_at_1 == 0
+    await figures.record(tenant, first.figures, first.tools, taught=event)
+    second = await judge.judge(_run(tenant, "release it", "s:build", "s:ship"))
+    # Once judged, the run's own transition is known to the judge's graph (one observation).
+    assert second is not None
+    assert second.figures["legacy"].hits_at_1 == 1

@@ -179,6 +179,11 @@ async def test_the_blend_follows_the_weights_the_tenant_figures_earned(
     assert spans.last()["pml.planner.blend_weights"] == (0.0, 2.0)
     info = await servicer.PlannerInfo(planner_pb2.PlannerInfoRequest(tenant_id=tenant), NO_CONTEXT)
     assert (info.blend_transitions_weight, info.blend_hyperpath_weight) == (0.0, 2.0)
+    # and the figures the pair was chosen on are shown, every pair of the grid
+    variants = {v.method: v for v in info.blend_variants_new_work}
+    assert list(variants) == list(VARIANTS)
+    assert variants[variant((0.0, 2.0))].next_hit_at_1 == 1.0
+    assert variants[variant((0.0, 0.0))].next_hit_at_1 == 0.0
 
 
 async def test_planner_info_shows_the_figures_and_the_choice(

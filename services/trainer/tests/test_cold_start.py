@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pml_common.graph_statistics import EdgeKey, EdgeState
 from pml_trainer.cold_start import (
     CatalogTool,
     ColdStartConfig,
@@ -17,7 +18,6 @@ from pml_trainer.cold_start import (
     similarity_edges,
     template_edges,
 )
-from pml_trainer.statistics import EdgeKey, EdgeState
 
 #: Seed 004, "Bootstrap du graphe avec templates", verbatim.
 SEED_004 = {

@@ -17,10 +17,10 @@ from pml_common.events import (
     ToolSpec,
     utcnow,
 )
+from pml_common.graph_statistics import EdgeKey, EdgeState, execution_effect
 from pml_common.settings import Settings
 from pml_trainer.cold_start import load_templates, template_edges
 from pml_trainer.graph_store import Edge, GraphStore, NodeStats
-from pml_trainer.statistics import EdgeKey, EdgeState, execution_effect
 
 from .test_cold_start import SEED_004
 

@@ -21,11 +21,11 @@ from pml_common.events import (
     ToolsRegistered,
     parse_event,
 )
+from pml_common.graph_statistics import SOURCE_MULTIPLIER
 from pml_common.settings import Settings
 from pml_trainer.cold_start import ColdStartConfig, load_templates
 from pml_trainer.graph_store import GraphStore
 from pml_trainer.handlers import TrainerHandlers
-from pml_trainer.statistics import SOURCE_MULTIPLIER
 
 from .test_cold_start import SEED_004
 

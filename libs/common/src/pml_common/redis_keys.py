@@ -87,6 +87,12 @@ def planner_runs(tenant: str) -> str:
     return key("planner:runs", tenant)
 
 
+def planner_judged(tenant: str) -> str:
+    """What the executions the planner judged taught, in the order judged: the graph its
+    prequential judge plans with (planner, `pml_planner.judged_graph`)."""
+    return key("planner:judged", tenant)
+
+
 def embedding(model: str, kind: str, digest: str) -> str:
     """A cached vector: `kind` is `q` (query) or `p` (passage), `digest` the text's sha256.
 

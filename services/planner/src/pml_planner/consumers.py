@@ -7,7 +7,8 @@
 - Group `planner` (shared, each event once, deduped): `ExecutionCompleted` → first how each
   method would have predicted it (`prequential`, before anything learns from it), then the
   outcome of the suggestions made for that intent, which adaptive thresholds learn from, and
-  last the figures are added (so a failure before them, redelivered, counts nothing twice).
+  last the figures are added with what the run taught the judge's graph (`judged_graph`), in
+  one transaction (so a failure before them, redelivered, counts nothing twice).
 """
 
 from __future__ import annotations
@@ -54,9 +55,11 @@ class PlannerConsumers:
         # Every replica does it too; deleting twice deletes nothing the second time.
         await self._memory.forget_tenant(event.tenant_id)
         await self._figures.delete_tenant(event.tenant_id)
+        self._judge.drop(event.tenant_id)
 
     async def on_execution_completed(self, event: ExecutionCompleted) -> None:
         judged = await self._judge.judge(event)
         await self._memory.learn(event)
-        if judged is not None:
-            await self._figures.record(event.tenant_id, judged.figures, judged.tools)
+        # What the run taught enters the judge's graph even when it could not be judged.
+        figures, tools = (judged.figures, judged.tools) if judged is not None else (None, ())
+        await self._figures.record(event.tenant_id, figures, tools, taught=event)

@@ -38,7 +38,8 @@ CALL () {
   MATCH (a:Capability {tenant_id: $tenant})-[r:LINK]->(b) RETURN a, r, b
 }
 RETURN a.id AS src, b.id AS dst, r.type AS type, r.source AS source,
-       coalesce(r.count, 0) AS count, coalesce(r.weight, 0.0) AS weight
+       coalesce(r.count, 0) AS count, coalesce(r.weight, 0.0) AS weight,
+       coalesce(r.origin, 'execution') AS origin, coalesce(r.factor, 1.0) AS factor
 ORDER BY src, dst, type
 """
 
@@ -60,6 +61,10 @@ class LinkInfo:
     source: str  # observed | inferred | template
     count: int
     weight: float
+    #: Who created it: execution | template | similarity | same_server (a cold-start guess).
+    origin: str = "execution"
+    #: The cold-start guess's scale, folded into `weight` (1.0 once an execution observed it).
+    factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -97,7 +102,16 @@ async def read_planner_graph(driver: AsyncDriver, database: str, tenant: str) ->
         },
         members={r["id"]: tuple(r["members"]) for r in members.records},
         links=tuple(
-            LinkInfo(r["src"], r["dst"], r["type"], r["source"], int(r["count"]), r["weight"])
+            LinkInfo(
+                r["src"],
+                r["dst"],
+                r["type"],
+                r["source"],
+                int(r["count"]),
+                r["weight"],
+                r["origin"],
+                float(r["factor"]),
+            )
             for r in links.records
         ),
     )

@@ -44,14 +44,16 @@ class PlannerApp:
         self._search_channel = channel(settings.search_addr, settings)
         thresholds = RedisThresholdStore(self._redis)
         memory = SuggestionMemory(self._redis, thresholds)
-        planners = TenantPlanners(self._driver, settings.neo4j_database)
+        max_nodes = settings.planner_cache_max_nodes
+        planners = TenantPlanners(self._driver, settings.neo4j_database, max_nodes)
         targets = TargetSource(
             scorer_pb2_grpc.ScorerServiceStub(self._scorer_channel),
             search_pb2_grpc.SearchServiceStub(self._search_channel),
         )
         figures = PrequentialStore(self._redis)
         self.bus = EventBus(settings, SERVICE)
-        consumers = PlannerConsumers(planners, memory, Judge(planners, targets, figures), figures)
+        judge = Judge(planners, targets, figures, max_nodes)
+        consumers = PlannerConsumers(planners, memory, judge, figures)
         self._group = consumers.subscribe(self.bus, settings.consumer_name)
         servicer = PlannerServicer(settings, planners, targets, thresholds, memory, figures)
         self._server = GrpcServer(settings, self.port, SERVICE)

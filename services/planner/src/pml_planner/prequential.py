@@ -17,8 +17,9 @@ split: every training run had its registered capability, and the figures chose d
 which was 29 points of next_hit@1 below search order on the unseen tasks).
 
 An execution is skipped (and counted so) when it ran no tool the tenant's planner knows. The
-planner's graph is the one it holds at that moment: the trainer, on its own consumer group, may
-already have learned from the same execution.
+methods are judged on the graph as the executions judged before made it (`judged_graph`), not
+on the graph the planner serves: the trainer, on its own consumer group, may already have
+learned from this execution and later ones.
 
 Figures are sums in the Redis hash `pml:planner:prequential:{tenant}` (fields
 `<method>:predictions`, `:hits_at_1`, `:hits_at_3`, `:dags`, `:node_f1`, and `executions`,
@@ -57,12 +58,13 @@ from opentelemetry import metrics
 from pml_common import redis_keys
 from pml_common.events import ExecutionCompleted
 from pml_common.grpc_server import RequestError
-from pml_planner import blend, methods
+from pml_common.tenant_cache import TenantCache
+from pml_planner import blend, judged_graph, methods
 from pml_planner.blend import BLEND, NEW_WORK_VARIANTS, SEARCH_ONLY, Weights
 from pml_planner.methods import DEFAULT_METHOD, METHODS, Inputs, Needs
 from pml_planner.planning import TenantPlanner
 from pml_planner.targets import TargetSource
-from pml_planner.tenants import TenantPlanners
+from pml_planner.tenants import MAX_NODES, TenantPlanners
 
 log = structlog.get_logger(__name__)
 _meter = metrics.get_meter("pml.planner")
@@ -275,19 +277,29 @@ def _holds_on_new_work(
 
 
 class Judge:
-    """Computes an execution's figures with the planner as it stands (nothing is written)."""
+    """Computes an execution's figures with the planner as the executions judged before it made
+    it (`judged_graph`); nothing is written."""
 
     def __init__(
-        self, planners: TenantPlanners, targets: TargetSource, store: PrequentialStore
+        self,
+        planners: TenantPlanners,
+        targets: TargetSource,
+        store: PrequentialStore,
+        max_nodes: int = MAX_NODES,
     ) -> None:
         self._planners = planners
         self._targets = targets
         self._store = store
+        # The judge's own planners, one per tenant, brought to each judged view by `sync`
+        # (DR-DSP repairs its trees), bounded as the served ones are.
+        self._judged: TenantCache[str, TenantPlanner] = TenantCache(
+            "planner.judged", max_nodes, lambda p: len(p.graph.nodes)
+        )
 
     async def judge(self, event: ExecutionCompleted) -> Judgement | None:
         """Every method's figures on `event`; none when it is skipped (no tool the planner
         knows), None when the scorer or search failed (logged: nothing is measured then)."""
-        planner = await self._planners.get(event.tenant_id)
+        planner = await self._planner_as_judged(event.tenant_id)
         tools = judged_tools(planner, event)
         if not tools:
             return Judgement({}, ())
@@ -311,6 +323,21 @@ class Judge:
         judged = figures_of(planner, inputs, tools, hidden, weights, new_work=not ran)
         return Judgement(judged, tuple(tools))
 
+    def drop(self, tenant: str) -> None:
+        self._judged.pop(tenant)
+
+    async def _planner_as_judged(self, tenant: str) -> TenantPlanner:
+        served = await self._planners.get(tenant)
+        view = judged_graph.as_judged(served.graph, await self._store.tally(tenant))
+        planner = self._judged.get(tenant)
+        if planner is None:
+            planner = TenantPlanner.build(view)
+            if view.nodes:
+                self._judged.put(tenant, planner)
+        else:
+            planner.sync(view)
+        return planner
+
 
 @dataclass(frozen=True)
 class Judgement:
@@ -328,27 +355,46 @@ class PrequentialStore:
         self._redis = redis
 
     async def record(
-        self, tenant: str, figures: Mapping[str, MethodFigures], tools: Sequence[str] = ()
+        self,
+        tenant: str,
+        figures: Mapping[str, MethodFigures] | None,
+        tools: Sequence[str] = (),
+        taught: ExecutionCompleted | None = None,
     ) -> None:
-        """Add one execution's figures (none: a skipped execution) and remember that its
-        `tools` have run, in one transaction (an execution redelivered after a failure before
-        it is judged again as the work it was), and export the tenant's new means."""
+        """Add one execution's figures (empty: a skipped execution; None: one not judged), remember
+        that its `tools` have run, and add what it `taught` to the judge's tally, in one
+        transaction (an execution redelivered after a failure before it is judged again as
+        the work it was, on the graph it was), and export the tenant's new means."""
         key = redis_keys.planner_prequential(tenant)
+        fields = [f"{m}:{name}" for m in figures or {} for name in _SUMS]
         async with self._redis.pipeline(transaction=True) as pipe:
+            if taught is not None:
+                counts, used = judged_graph.increments(taught)
+                tally = redis_keys.planner_judged(tenant)
+                for name, count in counts.items():
+                    pipe.hincrby(tally, name, count)
+                if used:
+                    pipe.hset(tally, mapping=used)  # type: ignore[arg-type]
             if tools:
                 pipe.sadd(redis_keys.planner_runs(tenant), _run_digest(tools))
-            pipe.hincrbyfloat(key, "executions" if figures else "skipped", 1)
-            for method, one in figures.items():
+            if figures is not None:
+                pipe.hincrbyfloat(key, "executions" if figures else "skipped", 1)
+            for method, one in (figures or {}).items():
                 for name in _SUMS:
                     pipe.hincrbyfloat(key, f"{method}:{name}", float(getattr(one, name)))
             totals = await pipe.execute()
         # HINCRBYFLOAT answers the new sums: the tenant's figures now, without reading them.
-        fields = [f"{m}:{name}" for m in figures for name in _SUMS]
-        sums = totals[2:] if tools else totals[1:]
-        now = dict(zip(fields, map(float, sums), strict=True))
-        for method in figures:
+        now = dict(zip(fields, map(float, totals[len(totals) - len(fields) :]), strict=True))
+        for method in figures or {}:
             if method in METHODS:  # the blend's variants are its inner workings
                 _export(tenant, method, _figures(now, method))
+
+    async def tally(self, tenant: str) -> judged_graph.RunTally:
+        """What the executions judged so far taught (`judged_graph`)."""
+        rows: dict[bytes | str, bytes | str] = await self._redis.hgetall(
+            redis_keys.planner_judged(tenant)
+        )
+        return judged_graph.RunTally.from_fields({_text(k): _text(v) for k, v in rows.items()})
 
     async def summary(self, tenant: str) -> Summary:
         rows: dict[bytes | str, bytes | str] = await self._redis.hgetall(
@@ -368,7 +414,9 @@ class PrequentialStore:
 
     async def delete_tenant(self, tenant: str) -> None:
         await self._redis.delete(
-            redis_keys.planner_prequential(tenant), redis_keys.planner_runs(tenant)
+            redis_keys.planner_prequential(tenant),
+            redis_keys.planner_runs(tenant),
+            redis_keys.planner_judged(tenant),
         )
 
 

@@ -22,7 +22,7 @@ from pml_common.grpc_server import invalid_argument
 from pml_common.request_validation import context_tools_of, tenant_of, text_of
 from pml_common.settings import Settings
 from pml_planner import methods
-from pml_planner.blend import BLEND, SEARCH_ONLY, new_work
+from pml_planner.blend import BLEND, SEARCH_ONLY, VARIANTS, new_work
 from pml_planner.methods import METHODS, Needs, dag_needs, next_needs
 from pml_planner.outcomes import SuggestionMemory
 from pml_planner.prequential import (
@@ -142,6 +142,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             min_evidence=MIN_EVIDENCE,
             blend_transitions_weight=transitions,
             blend_hyperpath_weight=hyperpath,
+            blend_variants_new_work=[
+                _method_figures(v, summary.figures(new_work(v))) for v in VARIANTS
+            ],
         )
 
     async def _fetch(self, tenant: str, intent: str, needs: Needs) -> methods.Inputs:

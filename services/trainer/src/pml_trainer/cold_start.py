@@ -28,8 +28,8 @@ import structlog
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from pml_common.graph_statistics import EdgeKey, EdgeState, merge_cold_start
 from pml_common.input_rules import is_tool_id
-from pml_trainer.statistics import EdgeKey, EdgeState, merge_cold_start
 
 log = structlog.get_logger(__name__)
 

@@ -29,10 +29,7 @@ import neo4j
 
 from pml_common.events import CapabilitySpec, ToolSpec, utcnow
 from pml_common.first_stage import schema_fields
-from pml_common.input_rules import is_tool_id
-from pml_common.stores import create_schema_rule
-from pml_trainer.cold_start import CatalogTool, ColdStartEdge
-from pml_trainer.statistics import (
+from pml_common.graph_statistics import (
     EdgeKey,
     EdgeState,
     ExecutionEffect,
@@ -40,6 +37,9 @@ from pml_trainer.statistics import (
     merge_cold_start,
     observe,
 )
+from pml_common.input_rules import is_tool_id
+from pml_common.stores import create_schema_rule
+from pml_trainer.cold_start import CatalogTool, ColdStartEdge
 
 _T = TypeVar("_T")
 GROUP = "trainer"

@@ -21,6 +21,7 @@ from pml_common.events import (
     TenantDeleted,
     ToolsRegistered,
 )
+from pml_common.graph_statistics import execution_effect
 from pml_common.model_registry import ModelRegistry
 from pml_trainer.cold_start import (
     CatalogTool,
@@ -33,7 +34,6 @@ from pml_trainer.evaluation import Prequential
 from pml_trainer.graph_store import GROUP, GraphStore
 from pml_trainer.holdout import HoldOut
 from pml_trainer.replay_buffer import ReplayBuffer, Trace
-from pml_trainer.statistics import execution_effect
 
 log = structlog.get_logger(__name__)
 

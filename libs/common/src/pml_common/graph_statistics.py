@@ -1,8 +1,10 @@
 """Pure statistics of the tool graph: what one execution changes, and how edges evolve.
 
-No I/O here. The graph store reads the current state of the edges it is about to change (under a
-write lock), asks this module for their next state, and writes that back, so the rules of
-ADR-038 §2.3 (edge weights, promotion) live in exactly one place.
+No I/O here. The trainer's graph store reads the current state of the edges it is about to
+change (under a write lock), asks this module for their next state, and writes that back; the
+planner's prequential judge replays the same rules on the runs it has judged
+(`pml_planner.judged_graph`). So the rules of ADR-038 §2.3 (edge weights, promotion) live in
+exactly one place.
 
 Edge model. An edge is keyed by (src, dst, type) and carries:
 - `source` ∈ {observed, inferred, template}: how much we trust it;

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from pml_common.events import ExecutionCompleted, ExecutionStep
-from pml_trainer.statistics import (
+from pml_common.graph_statistics import (
     PROMOTION_THRESHOLD,
     EdgeKey,
     EdgeState,
