@@ -51,6 +51,30 @@ def test_sync_changes_only_what_changed() -> None:
     assert planner.drdsp.graph.edge("capability:A").cost == 4.0
 
 
+def test_sync_rebuilds_the_derived_structures_only_when_their_inputs_changed() -> None:
+    link = LinkInfo("s:a", "s:c", "sequence", "inferred", 1, 0.35)
+    planner = TenantPlanner.build(_graph(links=(link,)))
+    discovery, legacy = planner.discovery(), planner.legacy()
+    # A count that changes no weight, and a success rate: spectral clusters and Louvain stay.
+    planner.sync(
+        _graph(success_a=0.5, links=(LinkInfo("s:a", "s:c", "sequence", "inferred", 2, 0.35),))
+    )
+    assert planner.discovery() is discovery and planner.legacy() is legacy
+    # A tool used since: the same communities, the recency term now knows it.
+    used = _graph(links=(link,))
+    used.nodes["s:c"] = NodeInfo("s:c", "tool", 1, 1.0, datetime(2026, 1, 1, tzinfo=UTC))
+    planner.sync(used)
+    assert planner.legacy().communities is legacy.communities
+    assert planner.legacy().last_used == {"s:c": datetime(2026, 1, 1, tzinfo=UTC)}
+    # A new link: Louvain and PageRank again; new members: the clusters again.
+    planner.sync(_graph(links=(link, LinkInfo("s:b", "s:x", "sequence", "inferred", 1, 0.35))))
+    assert planner.legacy() is not legacy and planner.discovery() is discovery
+    grown = _graph()
+    grown.members["B"] = ("s:c",)
+    planner.sync(grown)
+    assert planner.discovery() is not discovery
+
+
 def test_dag_of_a_nested_capability_and_its_reliability() -> None:
     planner = TenantPlanner.build(_graph(success_a=0.5))
     plan = planner.suggest_dag(planner.target(Candidate("M", 0.8)))

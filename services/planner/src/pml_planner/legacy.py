@@ -107,7 +107,7 @@ class ToolGraphFeatures:
         by `tools`, `edges` and `last_used`.
         """
         successors = _best_edges(edges)
-        used = {tool: _aware(at) for tool, at in (last_used or {}).items() if at is not None}
+        used = {tool: as_utc(at) for tool, at in (last_used or {}).items() if at is not None}
         names: set[str] = set(tools) | set(successors) | set(last_used or {})
         for targets in successors.values():
             names.update(targets)
@@ -138,7 +138,7 @@ class ToolGraphFeatures:
         at = self.last_used.get(candidate)
         if at is None:
             return 0.0
-        age = max((_aware(now) - at) / RECENCY_SCALE, 0.0)
+        age = max((as_utc(now) - at) / RECENCY_SCALE, 0.0)
         return math.exp(-age)
 
     # --- scoring -------------------------------------------------------------------------
@@ -204,7 +204,7 @@ def _best_edges(edges: Iterable[Edge]) -> dict[str, dict[str, float]]:
     return out
 
 
-def _aware(at: datetime) -> datetime:
+def as_utc(at: datetime) -> datetime:
     # Neo4j and the events store UTC; a naive timestamp is read as UTC rather than local time.
     return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from pml_common.edge_weights import edge_weight
@@ -38,7 +38,7 @@ from pml_planner.discovery import StrategicDiscovery
 from pml_planner.drdsp import DRDSP, DependencyDag
 from pml_planner.graph_source import LinkInfo, PlannerGraph
 from pml_planner.hypergraph import Hyperedge, capability_hyperedge, link_hyperedge
-from pml_planner.legacy import ToolGraphFeatures
+from pml_planner.legacy import ToolGraphFeatures, as_utc
 
 #: LINK types that become hyperedges (see module docstring for `contains`).
 PLANNING_LINKS = ("sequence", "dependency")
@@ -126,6 +126,7 @@ class TenantPlanner:
     drdsp: DRDSP = field(default_factory=DRDSP)
     _edges: dict[str, Hyperedge] = field(default_factory=dict)
     _legacy: ToolGraphFeatures | None = None
+    _legacy_links: list[tuple[str, str, float]] = field(default_factory=list)
     _discovery: StrategicDiscovery | None = None
     #: member -> the capabilities that hold it directly (built on first use, per graph version)
     _holders: dict[str, list[str]] | None = None
@@ -156,12 +157,19 @@ class TenantPlanner:
                 self.drdsp.add(edge)
             self._edges[edge_id] = edge
             changed += 1
-        self.graph = graph
-        if changed:
-            # Louvain, PageRank and spectral clusters belong to one version of the graph.
-            self._legacy = None
+        # Each derived structure is rebuilt only when what it is made of changed: the judge
+        # syncs its planner at every execution, and spectral clusters of thousands of
+        # capabilities or Louvain over their links cost seconds (ETOM, 2,375 tools).
+        if graph.members != self.graph.members or graph.nodes.keys() != self.graph.nodes.keys():
             self._discovery = None
             self._holders = None
+        self.graph = graph
+        if self._legacy is not None:
+            links, used = self._legacy_inputs()
+            if links != self._legacy_links:
+                self._legacy = None
+            elif used != self._legacy.last_used:
+                self._legacy = replace(self._legacy, last_used=used)
         return changed
 
     # --- drdsp ------------------------------------------------------------------------------
@@ -264,14 +272,24 @@ class TenantPlanner:
 
     def legacy(self) -> ToolGraphFeatures:
         if self._legacy is None:
-            tool_links = [
-                (link.src, link.dst, link.weight)
-                for link in self.graph.links
-                if self.is_tool(link.src) and self.is_tool(link.dst) and link.weight > 0
-            ]
-            used = {n.id: n.last_used_at for n in self.graph.nodes.values() if n.kind == "tool"}
-            self._legacy = ToolGraphFeatures.build(tool_links, used, tools=self.graph.tools)
+            self._legacy_links, used = self._legacy_inputs()
+            self._legacy = ToolGraphFeatures.build(self._legacy_links, used, tools=self.graph.tools)
         return self._legacy
+
+    def _legacy_inputs(self) -> tuple[list[tuple[str, str, float]], dict[str, datetime]]:
+        """The weighted tool → tool links (Louvain and PageRank are made of them) and when
+        each tool was last used (the recency term, read at ranking time)."""
+        links = [
+            (link.src, link.dst, link.weight)
+            for link in self.graph.links
+            if self.is_tool(link.src) and self.is_tool(link.dst) and link.weight > 0
+        ]
+        used = {
+            n.id: as_utc(n.last_used_at)
+            for n in self.graph.nodes.values()
+            if n.kind == "tool" and n.last_used_at is not None
+        }
+        return links, used
 
     def legacy_next(self, context: Sequence[str], k: int) -> list[Candidate]:
         done = set(context)
