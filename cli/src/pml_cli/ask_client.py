@@ -43,7 +43,8 @@ def ask(
     timeout: float = 60.0,
 ) -> knowledge_pb2.AskResponse:
     request = knowledge_pb2.AskRequest(tenant_id=tenant, question=question, k=k, method=method)
-    return stub.Ask(request, timeout=timeout)
+    reply: knowledge_pb2.AskResponse = stub.Ask(request, timeout=timeout)
+    return reply
 
 
 def mode_name(reply: knowledge_pb2.AskResponse) -> str:

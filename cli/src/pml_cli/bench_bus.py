@@ -28,9 +28,9 @@ import asyncio
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from rich.console import Console
@@ -142,9 +142,10 @@ async def _raw_run(
 
         async def consume(stop: asyncio.Event) -> None:
             while not stop.is_set():
-                batches = await redis.xreadgroup(
+                read = await redis.xreadgroup(
                     GROUP, "raw", {stream: ">"}, count=RAW_BATCH, block=100
                 )
+                batches = cast(list[tuple[bytes, list[tuple[bytes, object]]]], read)  # RESP2
                 for _, entries in batches:
                     for entry_id, _fields in entries:
                         await redis.xack(stream, GROUP, entry_id)
@@ -191,8 +192,8 @@ async def _timed_run(
     redis: aioredis.Redis,
     stream: str,
     entries: int,
-    publish: Callable[[], Awaitable[None]],
-    consume: Callable[[asyncio.Event], Awaitable[None]],
+    publish: Callable[[], Coroutine[Any, Any, None]],
+    consume: Callable[[asyncio.Event], Coroutine[Any, Any, None]],
     label: str,
     console: Console,
 ) -> tuple[float, float]:

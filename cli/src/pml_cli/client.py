@@ -87,26 +87,29 @@ PLAN_METHODS = ("drdsp", "legacy", "discovery", "search", "blend")
 def predict_next(
     settings: Settings, tenant: str, intent: str, context: Sequence[str] | None, method: str
 ) -> planner_pb2.PredictNextResponse:
-    return planner_stub(settings).PredictNext(
+    reply: planner_pb2.PredictNextResponse = planner_stub(settings).PredictNext(
         planner_pb2.PredictNextRequest(
             tenant_id=tenant, intent=intent, context_tools=list(context or []), method=method
         ),
         timeout=30,
     )
+    return reply
 
 
 def suggest_dag(
     settings: Settings, tenant: str, intent: str, method: str
 ) -> planner_pb2.SuggestDagResponse:
-    return planner_stub(settings).SuggestDag(
+    reply: planner_pb2.SuggestDagResponse = planner_stub(settings).SuggestDag(
         planner_pb2.SuggestDagRequest(tenant_id=tenant, intent=intent, method=method), timeout=30
     )
+    return reply
 
 
 def planner_info(settings: Settings, tenant: str) -> planner_pb2.PlannerInfoResponse:
-    return planner_stub(settings).PlannerInfo(
+    reply: planner_pb2.PlannerInfoResponse = planner_stub(settings).PlannerInfo(
         planner_pb2.PlannerInfoRequest(tenant_id=tenant), timeout=30
     )
+    return reply
 
 
 def tool_message(tool: ToolSpec) -> common_pb2.Tool:

@@ -107,14 +107,14 @@ def retry_unavailable(call: Callable[[], T]) -> T:
     try:
         return call()
     except grpc.RpcError as exc:
-        if exc.code() != grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+        if exc.code() != grpc.StatusCode.UNAVAILABLE:
             raise
         return call()
 
 
 def describe(exc: grpc.RpcError) -> str:
-    code = exc.code()  # type: ignore[attr-defined]
-    return f"{code.name}: {exc.details()}"  # type: ignore[attr-defined]
+    code = exc.code()
+    return f"{code.name}: {exc.details()}"
 
 
 class PerQueryLog:

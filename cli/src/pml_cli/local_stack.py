@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -177,14 +178,15 @@ class LocalStack:
             for name, (_, port_field) in SERVICES.items()
             if name != "trainer"
         }
-        settings = Settings(
-            redis_url=f"redis://127.0.0.1:{free_port()}/0",
-            neo4j_uri=f"bolt://127.0.0.1:{free_port()}",
-            qdrant_path=str(state_dir / "qdrant"),
-            **ports,  # type: ignore[arg-type]
+        fields: dict[str, Any] = {
+            "redis_url": f"redis://127.0.0.1:{free_port()}/0",
+            "neo4j_uri": f"bolt://127.0.0.1:{free_port()}",
+            "qdrant_path": str(state_dir / "qdrant"),
+            **ports,
             **addrs,
             **overrides,
-        )
+        }
+        settings = Settings(**fields)
         return cls(state_dir, settings)
 
     def start_stores(self) -> None:

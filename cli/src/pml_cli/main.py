@@ -103,8 +103,8 @@ def fail(message: str, code: int = 1) -> NoReturn:
 def rpc_failure(exc: grpc.RpcError) -> NoReturn:
     import grpc  # type: ignore[import-untyped, unused-ignore]
 
-    code = exc.code()  # type: ignore[attr-defined]
-    detail = exc.details()  # type: ignore[attr-defined]
+    code = exc.code()
+    detail = exc.details()
     if code == grpc.StatusCode.UNAVAILABLE:
         fail(f"the service is unavailable: {detail}; is `make run` running?", 3)
     fail(f"{code.name}: {detail}", 2)

@@ -91,7 +91,7 @@ def covers(
     min_salience: float,
 ) -> list[Cover]:
     """COVERS of each topic; `mentions` maps a context id to its (concept key, salience)."""
-    result = []
+    result: list[Cover] = []
     for topic in topics:
         best: dict[str, float] = {}
         for context_id in topic.context_ids:
