@@ -96,14 +96,77 @@ async def test_events_handled_out_of_order_apply_in_the_order_requested(
     deleted = DocumentDeleted.create(tenant_id=tenant, document_id="d1")
     # the deletion is handled first; the chunks of the submission made before it come late
     await consumers.on_document_deleted(deleted)
-    await consumers.on_chunks_extracted(extracted(old, submitted_at))
+    await consumers.on_chunks_extracted([extracted(old, submitted_at)])
     assert await index.count(tenant, "d1") == 0
     # a version submitted after the deletion is indexed; an older one arriving late is not
-    await consumers.on_chunks_extracted(extracted(new, submitted_at + timedelta(seconds=2)))
-    await consumers.on_chunks_extracted(extracted(old, submitted_at + timedelta(seconds=1)))
+    await consumers.on_chunks_extracted([extracted(new, submitted_at + timedelta(seconds=2))])
+    await consumers.on_chunks_extracted([extracted(old, submitted_at + timedelta(seconds=1))])
     [query] = await build_passage_embedder(settings, redis).embed_queries(["invoices"])
     [found] = await index.search(tenant, query, 5)
     assert found.text == "Invoices are sent."
     # and the late deletion no longer removes the newer version
     await consumers.on_document_deleted(deleted)
     assert await index.count(tenant, "d1") == 1
+
+
+async def test_documents_indexed_in_one_batch_are_stored_as_one_at_a_time(
+    index: ChunkIndex, tenant: str
+) -> None:
+    documents = {
+        f"d{i}": [
+            _chunk(f"d{i}", "Guide / Quotes", f"Quote {i} is approved."),
+            _chunk(f"d{i}", "Guide / Billing", f"Invoice {i} is sent.", 1),
+        ]
+        for i in range(5)
+    }
+    documents["d4"] = []  # a document left with no chunk
+    for doc, chunks in documents.items():
+        await index.index_document(f"{tenant}-one", doc, chunks[:1])  # an older version each
+        await index.index_document(f"{tenant}-one", doc, chunks)
+    for doc, chunks in documents.items():
+        await index.index_document(tenant, doc, chunks[:1])
+    assert await index.index_documents(tenant, documents) == 4  # the Billing chunks only
+    assert await index.index_documents(tenant, documents) == 0  # a redelivery: nothing to do
+
+    async def stored(who: str) -> dict[str, tuple[dict[str, object], list[float]]]:
+        points = await index._store.scan(index.collection, {"tenant_id": who})
+        return {
+            str(p.payload["chunk_id"]): (
+                {k: v for k, v in p.payload.items() if k != "tenant_id"},
+                [round(float(x), 5) for x in p.vector],
+            )
+            for p in points
+        }
+
+    one_at_a_time, batched = await stored(f"{tenant}-one"), await stored(tenant)
+    assert len(batched) == 8
+    assert batched == one_at_a_time
+
+
+async def test_the_later_of_two_versions_in_one_batch_wins(
+    index: ChunkIndex, tenant: str, redis
+) -> None:
+    consumers = ChunkConsumers(index, LatestWins(redis, "test-search-chunks"))
+    at = datetime.now(UTC)
+    old = [_chunk("d1", "Guide / Quotes", "Quotes are approved.")]
+    new = [_chunk("d1", "Guide / Billing", "Invoices are sent.")]
+    other = [_chunk("d2", "Guide / Contracts", "Contracts are signed.")]
+
+    def extracted(doc: str, chunks: list[ChunkPayload], when: datetime) -> ChunksExtracted:
+        return ChunksExtracted.create(
+            tenant_id=tenant, document_id=doc, chunks=chunks, submitted_at=when
+        )
+
+    await consumers.on_chunks_extracted(
+        [
+            extracted("d1", old, at),
+            extracted("d2", other, at),
+            extracted("d1", new, at + timedelta(seconds=1)),
+        ]
+    )
+    await consumers.on_chunks_extracted([extracted("d1", old, at)])  # late: refused
+    assert await index.count(tenant) == 2
+    texts = {
+        p.payload["text"] for p in await index._store.scan(index.collection, {"tenant_id": tenant})
+    }
+    assert texts == {"Invoices are sent.", "Contracts are signed."}

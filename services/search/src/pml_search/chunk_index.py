@@ -167,35 +167,58 @@ class ChunkIndex:
         self, tenant: str, document_id: str, chunks: Sequence[ChunkPayload]
     ) -> int:
         """Replace the document's chunks with `chunks`; returns how many were (re)embedded."""
-        where = {"tenant_id": tenant, "document_id": document_id}
+        return await self.index_documents(tenant, {document_id: chunks})
+
+    async def index_documents(
+        self, tenant: str, documents: Mapping[str, Sequence[ChunkPayload]]
+    ) -> int:
+        """Replace each document's chunks with its own, for several documents of the tenant in
+        one read of what is stored, one embedding call and one write (an ingestion batch);
+        returns how many chunks were (re)embedded."""
+        if not documents:
+            return 0
         async with self._lock(tenant):
-            self._touch(tenant, document_id)
-            stored = {
-                str(p.payload.get("chunk_id")): str(p.payload.get("content_hash"))
-                for p in await self._store.scan(self.collection, where)
-            }
-            wanted = {c.chunk_id: c for c in chunks}
-            stale = [cid for cid in stored if cid not in wanted]
+            for document_id in documents:
+                self._touch(tenant, document_id)
+            stored = await self._stored_hashes(tenant, list(documents))
+            stale = [
+                cid
+                for doc, chunks in stored.items()
+                for cid in chunks
+                if cid not in {c.chunk_id for c in documents[doc]}
+            ]
             if stale:
-                await self._store.delete(self.collection, {**where, "chunk_id": stale})
+                await self._store.delete_ids(self.collection, [point_id(tenant, c) for c in stale])
                 self._changed(tenant)
-            if not wanted:
-                await self._delete_elsewhere(where)
+            for doc in (d for d, chunks in documents.items() if not chunks):
+                await self._delete_elsewhere({"tenant_id": tenant, "document_id": doc})
             todo = [
-                (document_id, c)
-                for c in wanted.values()
-                if stored.get(c.chunk_id) != _hash(self._embedder.name, c)
+                (doc, c)
+                for doc, chunks in documents.items()
+                for c in {c.chunk_id: c for c in chunks}.values()
+                if stored.get(doc, {}).get(c.chunk_id) != _hash(self._embedder.name, c)
             ]
             await self._write(tenant, todo)
+        wanted = sum(len({c.chunk_id for c in chunks}) for chunks in documents.values())
         log.info(
             "chunks indexed",
             tenant=tenant,
-            document_id=document_id,
+            documents=len(documents),
             embedded=len(todo),
             deleted=len(stale),
-            unchanged=len(wanted) - len(todo),
+            unchanged=wanted - len(todo),
         )
         return len(todo)
+
+    async def _stored_hashes(self, tenant: str, documents: list[str]) -> dict[str, dict[str, str]]:
+        """document id -> chunk id -> content hash, of what the collection holds for them."""
+        where = {"tenant_id": tenant, "document_id": documents}
+        fields = ("document_id", "chunk_id", "content_hash")
+        stored: dict[str, dict[str, str]] = {}
+        for p in await self._store.payloads(self.collection, where, fields=fields):
+            chunks = stored.setdefault(str(p.get("document_id")), {})
+            chunks[str(p.get("chunk_id"))] = str(p.get("content_hash"))
+        return stored
 
     async def _write(self, tenant: str, todo: Sequence[tuple[str, ChunkPayload]]) -> None:
         """Embed and write these (document id, chunk) of the tenant."""
