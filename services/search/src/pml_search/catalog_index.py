@@ -67,7 +67,7 @@ from pml_common.first_stage import (
 )
 from pml_common.settings import Settings
 from pml_common.tenant_cache import TenantCache
-from pml_search.cosine_batches import CosineBatches
+from pml_search.cosine_batches import GATHER_S, CosineBatches
 from pml_search.ranking import top_k_indices
 from pml_search.vector_store import VectorPoint, VectorStore
 
@@ -193,7 +193,9 @@ class TenantMatrix:
     of the buffers, so a pass never reads a row half written.
     """
 
-    def __init__(self, dim: int, parts: tuple[int, ...] | None = None) -> None:
+    def __init__(
+        self, dim: int, parts: tuple[int, ...] | None = None, gather_s: float = GATHER_S
+    ) -> None:
         self.dim = dim
         #: Widths of the embedder's models within a vector (see `EnsembleEmbedder`).
         self.parts = parts or (dim,)
@@ -201,7 +203,7 @@ class TenantMatrix:
         self.hashes: list[str] = []
         self.index: dict[str, int] = {}
         self._buffers = [np.zeros((0, width), dtype=np.float32) for width in self.parts]
-        self._cosines = CosineBatches(self._rows)
+        self._cosines = CosineBatches(self._rows, gather_s)
         #: Bumped by every upsert; the lexical index says which version it was built from.
         self.version = 0
         self._lexical: LexicalIndex | None = None
@@ -333,9 +335,14 @@ class CatalogIndex:
     """Writes the catalog into the vector store and answers nearest-neighbour queries."""
 
     def __init__(
-        self, store: VectorStore, embedder: Embedder, max_entries: int = MAX_ENTRIES
+        self,
+        store: VectorStore,
+        embedder: Embedder,
+        max_entries: int = MAX_ENTRIES,
+        gather_s: float = GATHER_S,
     ) -> None:
         self._store = store
+        self._gather_s = gather_s
         self._embedder = embedder
         self.collections = collections_for(embedder.name)
         self._parts = part_dims(embedder)
@@ -562,12 +569,12 @@ class CatalogIndex:
             matrix = await self._load(*key)
         finally:
             del self._loading[key]
-        if load.stale:
-            return TenantMatrix(self._embedder.dim, self._parts)  # deleted meanwhile: serve nothing
+        if load.stale:  # deleted meanwhile: serve nothing
+            return TenantMatrix(self._embedder.dim, self._parts, self._gather_s)
         return self._cache.setdefault(key, matrix)
 
     async def _load(self, tenant: str, kind: str) -> TenantMatrix:
-        matrix = TenantMatrix(self._embedder.dim, self._parts)
+        matrix = TenantMatrix(self._embedder.dim, self._parts, self._gather_s)
         points = await self._store.scan(self.collections[kind], {"tenant_id": tenant})
         if points:
             entries = [entry_of(dict(p.payload)) for p in points]

@@ -20,8 +20,9 @@ from pml_common.first_stage import part_cosines
 #: The rows a pass reads: each model's columns of the matrix's first n rows.
 Snapshot = Callable[[], Sequence[np.ndarray]]
 
-#: How long a pass that follows another at once waits for more callers before it starts.
-GATHER_S = 0.002
+#: How long a pass that follows another at once waits for more callers before it starts
+#: (`search_pass_gather_ms`).
+GATHER_S = 0.0
 
 
 class CosineBatches:
