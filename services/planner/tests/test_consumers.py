@@ -186,7 +186,7 @@ async def test_the_judge_plans_without_what_the_trainer_learned_from_runs_not_ye
     stand_ins.rank(["s:lint", "s:build", "s:ship"])
     planners = TenantPlanners(graph_db, settings.neo4j_database)
     figures = PrequentialStore(redis)
-    judge = Judge(planners, stand_ins.targets, figures)
+    judge = Judge(planners, stand_ins.targets, figures, view_runs=2)
     served = await planners.get(tenant)
     assert [c.id for c in served.legacy_next(["s:build"], 1)] == ["s:ship"]
     event = _run(tenant, "release it", "s:build", "s:ship")
@@ -198,7 +198,12 @@ async def test_the_judge_plans_without_what_the_trainer_learned_from_runs_not_ye
     assert first is not None
     assert first.figures["legacy"].hits_at_1 == 0
     await figures.record(tenant, first.figures, first.tools, taught=event)
-    second = await judge.judge(_run(tenant, "release it", "s:build", "s:ship"))
-    # Once judged, the run's own transition is known to the judge's graph (one observation).
-    assert second is not None
-    assert second.figures["legacy"].hits_at_1 == 1
+    # The judge's view is made again every 2 judged runs: one run later it is still the first.
+    again = _run(tenant, "release it", "s:build", "s:ship")
+    second = await judge.judge(again)
+    assert second is not None and second.figures["legacy"].hits_at_1 == 0
+    await figures.record(tenant, second.figures, second.tools, taught=again)
+    third = await judge.judge(_run(tenant, "release it", "s:build", "s:ship"))
+    # Two runs judged: their transition is known to the judge's graph (two observations).
+    assert third is not None
+    assert third.figures["legacy"].hits_at_1 == 1

@@ -41,6 +41,8 @@ from pml_planner.graph_source import LinkInfo, NodeInfo, PlannerGraph
 
 #: Separates the parts of a tally's field names: a control character, which ids never hold.
 _SEP = "\x1f"
+#: The tally's field counting the runs it holds.
+RUNS = "runs"
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,8 @@ def _judged_link(link: LinkInfo, count: int) -> LinkInfo | None:
     judged created it."""
     if link.origin == "execution":
         return _link(_key(link), EdgeState("inferred", "execution", 0), count) if count else None
+    if link.count == 0 and count == 0:
+        return link  # a guess nothing has observed: as stored (most links of a large catalog)
     if link.count == 0:
         guess = EdgeState(_source(link.source), _origin(link.origin), 0, link.factor)
     else:  # observed since: the guess's source is known, its factor is not

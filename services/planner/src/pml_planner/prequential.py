@@ -19,7 +19,7 @@ which was 29 points of next_hit@1 below search order on the unseen tasks).
 An execution is skipped (and counted so) when it ran no tool the tenant's planner knows. The
 methods are judged on the graph as the executions judged before made it (`judged_graph`), not
 on the graph the planner serves: the trainer, on its own consumer group, may already have
-learned from this execution and later ones.
+learned from this execution and later ones. That view is made again every `VIEW_RUNS` runs.
 
 Figures are sums in the Redis hash `pml:planner:prequential:{tenant}` (fields
 `<method>:predictions`, `:hits_at_1`, `:hits_at_3`, `:dags`, `:node_f1`, and `executions`,
@@ -61,6 +61,7 @@ from pml_common.grpc_server import RequestError
 from pml_common.tenant_cache import TenantCache
 from pml_planner import blend, judged_graph, methods
 from pml_planner.blend import BLEND, NEW_WORK_VARIANTS, SEARCH_ONLY, Weights
+from pml_planner.graph_source import PlannerGraph
 from pml_planner.methods import DEFAULT_METHOD, METHODS, Inputs, Needs
 from pml_planner.planning import TenantPlanner
 from pml_planner.targets import TargetSource
@@ -90,6 +91,8 @@ ZERO_SHOT_METHODS: Mapping[Kind, str] = {"next": BLEND, "dag": "search"}
 #: (`candidate_pool` 50 → 25), where a longer list does not change the order of the first ones.
 MAX_JUDGED_TOOLS = 20
 
+#: Judged runs after which the judge's view of the graph is made again (`Judge`).
+VIEW_RUNS = 10
 #: The names under which every method's figures on new work are kept.
 NEW_WORK_METHODS: tuple[str, ...] = tuple(blend.new_work(m) for m in METHODS)
 
@@ -286,14 +289,17 @@ class Judge:
         targets: TargetSource,
         store: PrequentialStore,
         max_nodes: int = MAX_NODES,
+        view_runs: int = VIEW_RUNS,
     ) -> None:
         self._planners = planners
+        self._view_runs = view_runs
         self._targets = targets
         self._store = store
-        # The judge's own planners, one per tenant, brought to each judged view by `sync`
-        # (DR-DSP repairs its trees), bounded as the served ones are.
-        self._judged: TenantCache[str, TenantPlanner] = TenantCache(
-            "planner.judged", max_nodes, lambda p: len(p.graph.nodes)
+        # The judge's own planners, one per tenant, with the judged runs they were built at:
+        # brought to a newer view by `sync` (DR-DSP repairs its trees), bounded as the served
+        # ones are.
+        self._judged: TenantCache[str, _JudgedView] = TenantCache(
+            "planner.judged", max_nodes, lambda v: len(v.planner.graph.nodes)
         )
 
     async def judge(self, event: ExecutionCompleted) -> Judgement | None:
@@ -327,16 +333,42 @@ class Judge:
         self._judged.pop(tenant)
 
     async def _planner_as_judged(self, tenant: str) -> TenantPlanner:
-        served = await self._planners.get(tenant)
-        view = judged_graph.as_judged(served.graph, await self._store.tally(tenant))
-        planner = self._judged.get(tenant)
-        if planner is None:
-            planner = TenantPlanner.build(view)
-            if view.nodes:
-                self._judged.put(tenant, planner)
+        """The judge's planner for `tenant`, rebuilt when `view_runs` runs were judged since
+        or the served graph gained or lost nodes or members (a view a few runs old leaks
+        nothing: it holds only runs judged before; rebuilding it costs a pass over every link
+        and, when the tool links changed, Louvain, seconds on ETOM's 2,375 tools)."""
+        served = (await self._planners.get(tenant)).graph
+        runs = await self._store.judged_runs(tenant)
+        view = self._judged.get(tenant)
+        if view is not None and view.fits(served, runs, self._view_runs):
+            return view.planner
+        graph = judged_graph.as_judged(served, await self._store.tally(tenant))
+        if view is None:
+            view = _JudgedView(TenantPlanner.build(graph), served, runs)
+            if graph.nodes:
+                self._judged.put(tenant, view)
         else:
-            planner.sync(view)
-        return planner
+            view.planner.sync(graph)
+            view.served, view.runs = served, runs
+        return view.planner
+
+
+@dataclass
+class _JudgedView:
+    planner: TenantPlanner
+    #: The served graph and the count of judged runs the planner's view was made from.
+    served: PlannerGraph
+    runs: int
+
+    def fits(self, served: PlannerGraph, runs: int, view_runs: int) -> bool:
+        if runs - self.runs >= view_runs or runs < self.runs:
+            return False
+        if served is self.served:
+            return True
+        return (
+            served.nodes.keys() == self.served.nodes.keys()
+            and served.members == self.served.members
+        )
 
 
 @dataclass(frozen=True)
@@ -371,6 +403,7 @@ class PrequentialStore:
             if taught is not None:
                 counts, used = judged_graph.increments(taught)
                 tally = redis_keys.planner_judged(tenant)
+                pipe.hincrby(tally, judged_graph.RUNS, 1)
                 for name, count in counts.items():
                     pipe.hincrby(tally, name, count)
                 if used:
@@ -388,6 +421,11 @@ class PrequentialStore:
         for method in figures or {}:
             if method in METHODS:  # the blend's variants are its inner workings
                 _export(tenant, method, _figures(now, method))
+
+    async def judged_runs(self, tenant: str) -> int:
+        """How many runs the judge's tally holds."""
+        found = await self._redis.hget(redis_keys.planner_judged(tenant), judged_graph.RUNS)
+        return int(found or 0)
 
     async def tally(self, tenant: str) -> judged_graph.RunTally:
         """What the executions judged so far taught (`judged_graph`)."""
