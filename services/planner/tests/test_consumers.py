@@ -7,7 +7,7 @@ import neo4j
 from redis.asyncio import Redis
 
 from pml.v1 import scorer_pb2_grpc, search_pb2_grpc
-from pml_common.events import ExecutionCompleted, ExecutionStep, TenantDeleted
+from pml_common.events import ExecutionCompleted, ExecutionStep, GraphChanged, TenantDeleted
 from pml_common.local_runtime import free_port
 from pml_common.settings import Settings
 from pml_planner.consumers import PlannerConsumers
@@ -207,3 +207,33 @@ async def test_the_judge_plans_without_what_the_trainer_learned_from_runs_not_ye
     # Two runs judged: their transition is known to the judge's graph (two observations).
     assert third is not None
     assert third.figures["legacy"].hits_at_1 == 1
+
+
+async def test_the_changes_of_one_read_refresh_each_tenant_once(
+    redis: Redis, graph_db: neo4j.AsyncDriver, settings: Settings, tenant: str, stand_ins: StandIns
+) -> None:
+    refreshed: list[str] = []
+
+    class Counted(TenantPlanners):
+        async def refresh(self, tenant: str) -> None:
+            refreshed.append(tenant)
+            await super().refresh(tenant)
+
+    await write_graph(graph_db, tenant, {"release": ["s:build"]})
+    planners = Counted(graph_db, settings.neo4j_database)
+    figures = PrequentialStore(redis)
+    consumers = PlannerConsumers(
+        planners,
+        SuggestionMemory(redis, RedisThresholdStore(redis)),
+        Judge(planners, stand_ins.targets, figures),
+        figures,
+    )
+    assert (await planners.get(tenant)).is_tool("s:build")
+    await write_graph(graph_db, tenant, {"ship": ["s:ship"]})
+    other = f"{tenant}-other"
+    changes = [GraphChanged.create(tenant_id=t, reason="test") for t in (tenant, other, tenant)]
+
+    await consumers.on_graph_changed(changes)
+
+    assert refreshed == [tenant, other]
+    assert (await planners.get(tenant)).is_tool("s:ship")  # brought up to date

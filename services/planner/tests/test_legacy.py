@@ -214,3 +214,24 @@ def test_empty_graph() -> None:
     f = ToolGraphFeatures.build([])
     assert f.tools == ()
     assert f.rank_next(["a"], now=NOW) == []
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_ranking_every_tool_at_once_matches_scoring_each_one(seed: int) -> None:
+    rng = random.Random(seed)
+    tools = [f"t{i:03d}" for i in range(120)]
+    edges = [
+        (rng.choice(tools), rng.choice(tools), rng.choice([0.25, 0.5, 1.0])) for _ in range(300)
+    ]
+    used = {t: NOW - timedelta(hours=rng.uniform(0, 72)) for t in rng.sample(tools, 40)}
+    features = ToolGraphFeatures.build(edges, used, tools=tools)
+    for context in ([], [rng.choice(tools)], ["unknown"], [tools[0], tools[1]]):
+        current = context[-1] if context else None
+        each = sorted(
+            (features.explain(current, t, NOW) for t in features.tools if t != current),
+            key=lambda s: (-s.score, s.tool),
+        )
+        expected = [(s.tool, s.score) for s in each[:10]]
+        ranked = features.rank_next(context, k=10, now=NOW)
+        assert [t for t, _ in ranked] == [t for t, _ in expected]
+        assert [s for _, s in ranked] == pytest.approx([s for _, s in expected], abs=1e-12)

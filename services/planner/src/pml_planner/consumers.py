@@ -2,8 +2,9 @@
 
 - Group `planner-<consumer_name>` (one per replica, created at the stream's end, removed on
   shutdown): `GraphChanged` → sync the tenant's hypergraph if this replica has it loaded (DR-DSP
-  repairs its trees); `TenantDeleted` → forget it, with its learned thresholds and remembered
-  suggestions. Every replica holds its own state, so every replica sees these.
+  repairs its trees), once per tenant for the changes of one bus read; `TenantDeleted` →
+  forget it, with its learned thresholds and remembered suggestions. Every replica holds its
+  own state, so every replica sees these.
 - Group `planner` (shared, each event once, deduped): `ExecutionCompleted` → first how each
   method would have predicted it (`prequential`, before anything learns from it), then the
   outcome of the suggestions made for that intent, which adaptive thresholds learn from, and
@@ -42,13 +43,17 @@ class PlannerConsumers:
 
     def subscribe(self, bus: EventBus, consumer_name: str) -> str:
         group = replica_group(consumer_name)
-        bus.subscribe(GraphChanged, group, self.on_graph_changed, dedupe=False)
+        bus.subscribe_batch(GraphChanged, group, self.on_graph_changed, dedupe=False)
         bus.subscribe(TenantDeleted, group, self.on_tenant_deleted, dedupe=False)
         bus.subscribe(ExecutionCompleted, GROUP, self.on_execution_completed)
         return group
 
-    async def on_graph_changed(self, event: GraphChanged) -> None:
-        await self._planners.refresh(event.tenant_id)
+    async def on_graph_changed(self, events: list[GraphChanged]) -> None:
+        # One read of the graph brings a tenant up to date with every change before it: the
+        # trainer announces each batch of executions it learned, and reading a graph of
+        # thousands of tools takes a second.
+        for tenant in dict.fromkeys(e.tenant_id for e in events):
+            await self._planners.refresh(tenant)
 
     async def on_tenant_deleted(self, event: TenantDeleted) -> None:
         self._planners.drop(event.tenant_id)

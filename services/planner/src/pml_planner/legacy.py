@@ -32,6 +32,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 
 import networkx as nx
 import numpy as np
@@ -42,6 +43,7 @@ RECENCY_WEIGHT = 0.1
 PAGERANK_WEIGHT = 0.1
 #: Time constant of the recency decay ("used in the last 24 h of the project", ADR-038 §2.2).
 RECENCY_SCALE = timedelta(days=1)
+RECENCY_SCALE_S = RECENCY_SCALE.total_seconds()
 
 #: Louvain is randomised (node visiting order); a fixed seed makes communities reproducible.
 LOUVAIN_SEED = 38
@@ -143,6 +145,43 @@ class ToolGraphFeatures:
 
     # --- scoring -------------------------------------------------------------------------
 
+    @cached_property
+    def _columns(self) -> _Columns:
+        """The terms that do not depend on the current tool, one entry per tool in `tools`
+        order (ids sorted)."""
+        used = [self.last_used.get(t) for t in self.tools]
+        return _Columns(
+            index={t: i for i, t in enumerate(self.tools)},
+            pagerank=np.array([self.pagerank.get(t, 0.0) for t in self.tools]),
+            community=np.array([self.communities.get(t, -1) for t in self.tools]),
+            used_s=np.array([at.timestamp() if at else np.nan for at in used]),
+        )
+
+    def _rank_all(self, current: str | None, k: int, now: datetime) -> list[tuple[str, float]]:
+        """`rank_next` over every known tool, the four terms computed as columns: a tenant of
+        thousands of tools is ranked many times per judged run (`prequential`)."""
+        cols = self._columns
+        age = np.maximum((as_utc(now).timestamp() - cols.used_s) / RECENCY_SCALE_S, 0.0)
+        recency = np.where(np.isnan(cols.used_s), 0.0, np.exp(-np.nan_to_num(age)))
+        co = np.zeros(len(self.tools))
+        community = np.zeros(len(self.tools))
+        if current is not None:
+            for dst, weight in self.successors.get(current, {}).items():
+                co[cols.index[dst]] = weight / self.heaviest[current]
+            group = self.communities.get(current)
+            if group is not None:
+                community = (cols.community == group).astype(float)
+        score = (
+            COOCCURRENCE_WEIGHT * co
+            + COMMUNITY_WEIGHT * community
+            + RECENCY_WEIGHT * recency
+            + PAGERANK_WEIGHT * cols.pagerank
+        )
+        # A stable sort of the negated scores keeps ties in id order, as `explain`'s ranking.
+        order = np.argsort(-score, kind="stable")
+        ranked = [(self.tools[i], float(score[i])) for i in order[: k + 1]]
+        return [r for r in ranked if r[0] != current][:k]
+
     def explain(
         self, current: str | None, candidate: str, now: datetime | None = None
     ) -> NextStepScore:
@@ -178,14 +217,19 @@ class ToolGraphFeatures:
             raise ValueError(f"k must be at least 1, got {k}")
         current = context_tools[-1] if context_tools else None
         now = now or datetime.now(UTC)
-        pool = (
-            [t for t in self.tools if t != current]
-            if candidates is None
-            else list(dict.fromkeys(candidates))
-        )
-        scored = [self.explain(current, c, now) for c in pool]
+        if candidates is None:
+            return self._rank_all(current, k, now)
+        scored = [self.explain(current, c, now) for c in dict.fromkeys(candidates)]
         scored.sort(key=lambda s: (-s.score, s.tool))
         return [(s.tool, s.score) for s in scored[:k]]
+
+
+@dataclass(frozen=True)
+class _Columns:
+    index: Mapping[str, int]
+    pagerank: np.ndarray
+    community: np.ndarray
+    used_s: np.ndarray  # seconds since the epoch; NaN for a tool never used
 
 
 # --- construction helpers -----------------------------------------------------------------
