@@ -77,6 +77,7 @@ class CannedPlanner:
             ],
             executions=12,
             skipped_executions=3,
+            unjudged_executions=2,
             min_evidence=20,
             new_work_methods=[
                 planner_pb2.MethodFigures(
@@ -139,7 +140,7 @@ def test_plan_info_prints_the_figures_and_the_choice(canned: CannedPlanner) -> N
         "dag" in line and "drdsp (default until every method has 20 judged)" in line
         for line in lines
     )
-    assert "12 judged, 3 skipped" in result.stdout
+    assert "12 judged, 3 skipped, 2 not judged" in result.stdout
     rows = [line.replace("│", " ").split() for line in lines if line.startswith("│")]
     assert ["legacy", "40", "0.500", "0.750", "12", "0.000"] in rows
     assert "new work" in result.stdout

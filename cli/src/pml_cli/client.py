@@ -239,7 +239,8 @@ def print_planner_info(console: Console, reply: planner_pb2.PlannerInfoResponse)
     dag_why = why([m.dags for m in reply.methods])
     console.print(f"[bold]dag[/]         {escape(reply.dag_method)}{dag_why}")
     console.print(
-        f"[bold]executions[/]  {reply.executions} judged, {reply.skipped_executions} skipped"
+        f"[bold]executions[/]  {reply.executions} judged, {reply.skipped_executions} skipped, "
+        f"{reply.unjudged_executions} not judged (search or the scorer failed)"
     )
     console.print(
         f"[bold]blend[/]       transitions {reply.blend_transitions_weight:g}, hyperpath "

@@ -339,7 +339,7 @@ def chosen_methods(
     with phase(console, f"{label}: waiting for the planner to judge {executions} executions"):
         while True:
             info = client.planner_info(settings, tenant)
-            now = info.executions + info.skipped_executions
+            now = info.executions + info.skipped_executions + info.unjudged_executions
             if now != judged:
                 judged, last_change = now, time.monotonic()
             if now >= executions or time.monotonic() - last_change > JUDGEMENT_STALL_S:
@@ -354,6 +354,8 @@ def chosen_methods(
         "default_next": info.next_method,
         "default_dag": info.dag_method,
         "judged_executions": info.executions,
+        # not judged: the planner could not fetch the intent's candidates (search too slow)
+        "unjudged_executions": info.unjudged_executions,
         "blend_weights": [info.blend_transitions_weight, info.blend_hyperpath_weight],
         # what the choice was made on: each method's prequential figures on the training runs
         "prequential": _figures(info.methods),

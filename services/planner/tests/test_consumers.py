@@ -137,7 +137,7 @@ async def test_search_failing_skips_the_figures_not_the_learning(
 
     assert await thresholds.all_contexts(tenant)
     summary = await figures.summary(tenant)
-    assert (summary.executions, summary.skipped) == (0, 0)
+    assert (summary.executions, summary.skipped, summary.unjudged) == (0, 0, 1)
 
 
 async def test_an_execution_judged_but_never_recorded_is_still_new_work_when_redelivered(

@@ -24,7 +24,7 @@ from pml_common.stores import neo4j_driver, redis_client
 from pml_common.telemetry import configure_logging, setup_telemetry
 from pml_planner.consumers import REPLICA_EVENTS, PlannerConsumers
 from pml_planner.outcomes import SuggestionMemory
-from pml_planner.prequential import Judge, PrequentialStore
+from pml_planner.prequential import JUDGE_TIMEOUT_S, Judge, PrequentialStore
 from pml_planner.service import PlannerServicer
 from pml_planner.targets import TargetSource
 from pml_planner.tenants import TenantPlanners
@@ -46,13 +46,15 @@ class PlannerApp:
         memory = SuggestionMemory(self._redis, thresholds)
         max_nodes = settings.planner_cache_max_nodes
         planners = TenantPlanners(self._driver, settings.neo4j_database, max_nodes)
-        targets = TargetSource(
-            scorer_pb2_grpc.ScorerServiceStub(self._scorer_channel),
-            search_pb2_grpc.SearchServiceStub(self._search_channel),
-        )
+        scorer = scorer_pb2_grpc.ScorerServiceStub(self._scorer_channel)
+        search = search_pb2_grpc.SearchServiceStub(self._search_channel)
+        targets = TargetSource(scorer, search)
+        # The judge answers nobody: it waits longer rather than leave a run unjudged when
+        # search is slow (a large catalog refreshing while the trainer trains).
+        judge_targets = TargetSource(scorer, search, timeout_s=JUDGE_TIMEOUT_S)
         figures = PrequentialStore(self._redis)
         self.bus = EventBus(settings, SERVICE)
-        judge = Judge(planners, targets, figures, max_nodes)
+        judge = Judge(planners, judge_targets, figures, max_nodes)
         consumers = PlannerConsumers(planners, memory, judge, figures)
         self._group = consumers.subscribe(self.bus, settings.consumer_name)
         servicer = PlannerServicer(settings, planners, targets, thresholds, memory, figures)

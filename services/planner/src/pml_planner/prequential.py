@@ -23,8 +23,8 @@ learned from this execution and later ones. That view is made again every `VIEW_
 
 Figures are sums in the Redis hash `pml:planner:prequential:{tenant}` (fields
 `<method>:predictions`, `:hits_at_1`, `:hits_at_3`, `:dags`, `:node_f1`, and `executions`,
-`skipped`), each execution's added in one transaction. Redelivery is covered by the event bus's
-dedupe of the planner's shared group.
+`skipped`, `unjudged`), each execution's added in one transaction. Redelivery is covered by
+the event bus's dedupe of the planner's shared group.
 
 An empty `method` takes, per tenant, the method of best next_hit@1 (PredictNext) or mean node F1
 (SuggestDag) once every method has `MIN_EVIDENCE` judged predictions (DAGs); before that,
@@ -91,6 +91,10 @@ ZERO_SHOT_METHODS: Mapping[Kind, str] = {"next": BLEND, "dag": "search"}
 #: (`candidate_pool` 50 → 25), where a longer list does not change the order of the first ones.
 MAX_JUDGED_TOOLS = 20
 
+#: How long the judge waits for the intent's candidates (requests wait 5 s): a run not judged
+#: is a run missing from the figures (ETOM: up to 40 % of a fold's training runs at 5 s,
+#: search busy while a 2,375-tool graph refreshed and the trainer trained).
+JUDGE_TIMEOUT_S = 30.0
 #: Judged runs after which the judge's view of the graph is made again (`Judge`).
 VIEW_RUNS = 10
 #: The names under which every method's figures on new work are kept.
@@ -145,6 +149,8 @@ class Summary:
     methods: Mapping[str, MethodFigures]
     executions: int = 0
     skipped: int = 0
+    #: Executions not judged: the intent's candidates could not be fetched.
+    unjudged: int = 0
 
     def figures(self, method: str) -> MethodFigures:
         return self.methods.get(method, MethodFigures())
@@ -410,8 +416,8 @@ class PrequentialStore:
                     pipe.hset(tally, mapping=used)  # type: ignore[arg-type]
             if tools:
                 pipe.sadd(redis_keys.planner_runs(tenant), _run_digest(tools))
-            if figures is not None:
-                pipe.hincrbyfloat(key, "executions" if figures else "skipped", 1)
+            counted = "unjudged" if figures is None else "executions" if figures else "skipped"
+            pipe.hincrbyfloat(key, counted, 1)
             for method, one in (figures or {}).items():
                 for name in _SUMS:
                     pipe.hincrbyfloat(key, f"{method}:{name}", float(getattr(one, name)))
@@ -443,7 +449,12 @@ class PrequentialStore:
         # new work alone (`blend_weights`).
         names = (*METHODS, *NEW_WORK_METHODS, *NEW_WORK_VARIANTS)
         found = {m: _figures(fields, m) for m in names}
-        return Summary(found, int(fields.get("executions", 0.0)), int(fields.get("skipped", 0.0)))
+        return Summary(
+            found,
+            int(fields.get("executions", 0.0)),
+            int(fields.get("skipped", 0.0)),
+            int(fields.get("unjudged", 0.0)),
+        )
 
     async def ran_before(self, tenant: str, tools: Sequence[str]) -> bool:
         """Whether an execution recorded before ran this set of tools."""

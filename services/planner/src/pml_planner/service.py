@@ -139,6 +139,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServiceServicer):
             new_work_methods=[_method_figures(m, summary.figures(new_work(m))) for m in METHODS],
             executions=summary.executions,
             skipped_executions=summary.skipped,
+            unjudged_executions=summary.unjudged,
             min_evidence=MIN_EVIDENCE,
             blend_transitions_weight=transitions,
             blend_hyperpath_weight=hyperpath,
