@@ -22,11 +22,15 @@ from .helpers import StandIns, write_graph
 
 
 def _consumers(
-    redis: Redis, graph_db: neo4j.AsyncDriver, settings: Settings, targets: TargetSource
+    redis: Redis,
+    graph_db: neo4j.AsyncDriver,
+    settings: Settings,
+    targets: TargetSource,
+    planners: TenantPlanners | None = None,
 ) -> tuple[PlannerConsumers, SuggestionMemory, RedisThresholdStore, PrequentialStore]:
     thresholds = RedisThresholdStore(redis)
     memory = SuggestionMemory(redis, thresholds)
-    planners = TenantPlanners(graph_db, settings.neo4j_database)
+    planners = planners or TenantPlanners(graph_db, settings.neo4j_database)
     figures = PrequentialStore(redis)
     consumers = PlannerConsumers(planners, memory, Judge(planners, targets, figures), figures)
     return consumers, memory, thresholds, figures
@@ -221,13 +225,7 @@ async def test_the_changes_of_one_read_refresh_each_tenant_once(
 
     await write_graph(graph_db, tenant, {"release": ["s:build"]})
     planners = Counted(graph_db, settings.neo4j_database)
-    figures = PrequentialStore(redis)
-    consumers = PlannerConsumers(
-        planners,
-        SuggestionMemory(redis, RedisThresholdStore(redis)),
-        Judge(planners, stand_ins.targets, figures),
-        figures,
-    )
+    consumers, *_ = _consumers(redis, graph_db, settings, stand_ins.targets, planners)
     assert (await planners.get(tenant)).is_tool("s:build")
     await write_graph(graph_db, tenant, {"ship": ["s:ship"]})
     other = f"{tenant}-other"

@@ -92,12 +92,12 @@ def increments(event: ExecutionCompleted) -> tuple[dict[str, int], dict[str, flo
 def as_judged(graph: PlannerGraph, tally: RunTally) -> PlannerGraph:
     """`graph` with what executions teach taken from `tally` instead."""
     nodes = {node: _judged_node(info, tally.nodes.get(node)) for node, info in graph.nodes.items()}
-    links = [
-        judged
-        for link in graph.links
-        if (judged := _judged_link(link, tally.edges.get(_key(link), 0))) is not None
-    ]
-    known = {_key(link) for link in graph.links}
+    links: list[LinkInfo] = []
+    known: set[EdgeKey] = set()
+    for link in graph.links:
+        known.add(key := _key(link))
+        if (judged := _judged_link(link, tally.edges.get(key, 0))) is not None:
+            links.append(judged)
     links += [
         _link(key, EdgeState("inferred", "execution", 0), count)
         for key, count in tally.edges.items()

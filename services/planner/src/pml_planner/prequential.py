@@ -65,7 +65,7 @@ from pml_planner.graph_source import PlannerGraph
 from pml_planner.methods import DEFAULT_METHOD, METHODS, Inputs, Needs
 from pml_planner.planning import TenantPlanner
 from pml_planner.targets import TargetSource
-from pml_planner.tenants import MAX_NODES, TenantPlanners
+from pml_planner.tenants import MAX_NODES, TenantPlanners, planner_nodes
 
 log = structlog.get_logger(__name__)
 _meter = metrics.get_meter("pml.planner")
@@ -305,7 +305,7 @@ class Judge:
         # brought to a newer view by `sync` (DR-DSP repairs its trees), bounded as the served
         # ones are.
         self._judged: TenantCache[str, _JudgedView] = TenantCache(
-            "planner.judged", max_nodes, lambda v: len(v.planner.graph.nodes)
+            "planner.judged", max_nodes, lambda view: planner_nodes(view.planner)
         )
 
     async def judge(self, event: ExecutionCompleted) -> Judgement | None:

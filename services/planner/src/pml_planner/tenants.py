@@ -31,7 +31,7 @@ log = structlog.get_logger(__name__)
 MAX_NODES: int = Settings.model_fields["planner_cache_max_nodes"].default
 
 
-def _nodes(planner: TenantPlanner) -> int:
+def planner_nodes(planner: TenantPlanner) -> int:
     return len(planner.graph.nodes)
 
 
@@ -40,7 +40,7 @@ class TenantPlanners:
         self._driver = driver
         self._database = database
         self._planners: TenantCache[str, TenantPlanner] = TenantCache(
-            "planner.tenants", max_nodes, _nodes, busy=self._busy
+            "planner.tenants", max_nodes, planner_nodes, busy=self._busy
         )
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 

@@ -181,12 +181,8 @@ class ChunkIndex:
             for document_id in documents:
                 self._touch(tenant, document_id)
             stored = await self._stored_hashes(tenant, list(documents))
-            stale = [
-                cid
-                for doc, chunks in stored.items()
-                for cid in chunks
-                if cid not in {c.chunk_id for c in documents[doc]}
-            ]
+            wanted = {doc: {c.chunk_id for c in chunks} for doc, chunks in documents.items()}
+            stale = [cid for doc, ids in stored.items() for cid in ids if cid not in wanted[doc]]
             if stale:
                 await self._store.delete_ids(self.collection, [point_id(tenant, c) for c in stale])
                 self._changed(tenant)
@@ -199,14 +195,13 @@ class ChunkIndex:
                 if stored.get(doc, {}).get(c.chunk_id) != _hash(self._embedder.name, c)
             ]
             await self._write(tenant, todo)
-        wanted = sum(len({c.chunk_id for c in chunks}) for chunks in documents.values())
         log.info(
             "chunks indexed",
             tenant=tenant,
             documents=len(documents),
             embedded=len(todo),
             deleted=len(stale),
-            unchanged=wanted - len(todo),
+            unchanged=sum(map(len, wanted.values())) - len(todo),
         )
         return len(todo)
 
