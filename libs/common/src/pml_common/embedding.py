@@ -11,12 +11,13 @@ import asyncio
 import hashlib
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 import numpy as np
 import structlog
+from cachetools import LRUCache
 from redis.exceptions import RedisError
 
 from pml_common import redis_keys
@@ -398,6 +399,11 @@ class CachedEmbedder(_Wrapper):
     Every entry is written with a TTL: it is what makes the cache, and nothing else, evictable
     under Redis's `volatile-lru` policy (docs/operations.md, "Memory").
 
+    In front of Redis, each process keeps the vectors of its `memory_entries` most recently
+    used queries (not passages: a registration would churn them): a gateway repeats its
+    intents, and a request then finds its vectors without a round trip, which under load is
+    most of what embedding a cached query costs (docs/benchmarks.md, search latency).
+
     A text being computed for one caller is not computed again for another: concurrent
     requests carrying the same text (a gateway asking `PredictNext` and `SuggestDag` about one
     intent at once, each of which asks search) wait for the one computation. It runs as its
@@ -411,6 +417,7 @@ class CachedEmbedder(_Wrapper):
         ttl_s: int,
         timeout_s: float = 1.0,
         batch_keys: int = CACHE_BATCH_KEYS,
+        memory_entries: int = 0,
     ) -> None:
         if ttl_s < 1:
             raise ValueError(f"cached embeddings need a TTL of at least 1 s, got {ttl_s}")
@@ -420,6 +427,9 @@ class CachedEmbedder(_Wrapper):
         # Bounds how long a sick Redis can delay a request before we fall back to computing.
         self._timeout_s = timeout_s
         self._batch_keys = batch_keys
+        self._memory: LRUCache[str, np.ndarray] | None = (
+            LRUCache(maxsize=memory_entries) if memory_entries > 0 else None
+        )
         # Computations under way, by cache key: only while they run.
         self._computing: dict[str, asyncio.Task[dict[str, np.ndarray]]] = {}
 
@@ -438,7 +448,11 @@ class CachedEmbedder(_Wrapper):
         if not texts:
             return out
         by_key = {self.key(t, kind): t for t in dict.fromkeys(texts)}
-        found = await self._read([k for k in by_key if k not in self._computing])
+        memory = self._memory if kind == "q" else None
+        found = self._remembered(memory, by_key)
+        if len(found) < len(by_key):
+            unread = [k for k in by_key if k not in found and k not in self._computing]
+            found.update(await self._read(unread))
         # Looked up after the read: a computation may have started while it ran.
         waits = {self._computing[k] for k in by_key if k not in found and k in self._computing}
         missing = [k for k in by_key if k not in found and k not in self._computing]
@@ -446,9 +460,19 @@ class CachedEmbedder(_Wrapper):
             waits.add(self._start(missing, [by_key[k] for k in missing], kind))
         for task in waits:
             found.update(await asyncio.shield(task))
+        if memory is not None:
+            memory.update((k, found[k]) for k in by_key)
         for i, text in enumerate(texts):
             out[i] = found[self.key(text, kind)]
         return out
+
+    @staticmethod
+    def _remembered(
+        memory: LRUCache[str, np.ndarray] | None, keys: Iterable[str]
+    ) -> dict[str, np.ndarray]:
+        if memory is None:
+            return {}
+        return {k: v for k in keys if (v := memory.get(k)) is not None}
 
     def _start(
         self, keys: list[str], texts: list[str], kind: str
@@ -578,5 +602,10 @@ def _model(name: str, settings: Settings, redis: Redis | None) -> Embedder:
     else:
         raise ValueError(f"unknown embedder {name!r}")
     if redis is not None:
-        inner = CachedEmbedder(inner, redis, ttl_s=settings.embedding_cache_ttl_s)
+        inner = CachedEmbedder(
+            inner,
+            redis,
+            ttl_s=settings.embedding_cache_ttl_s,
+            memory_entries=settings.embedding_memory_entries,
+        )
     return inner

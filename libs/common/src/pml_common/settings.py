@@ -127,6 +127,13 @@ class Settings(BaseSettings):
         "pressure the cache gives way and streams and state never do (docs/operations.md, "
         "Memory).",
     )
+    embedding_memory_entries: int = Field(
+        4096,
+        ge=0,
+        description="Query vectors each process keeps in memory per embedding model, least "
+        "recently used dropped first, in front of the Redis cache (0: none). A repeated intent "
+        "is then embedded without a round trip to Redis.",
+    )
 
     # --- gRPC ---------------------------------------------------------------------------------
     grpc_host: str = Field("127.0.0.1", description="Address the gRPC servers bind to.")
