@@ -173,7 +173,7 @@ def bench_search(
             # The measured phase must not share the cores with the registration's consumers
             # (the trainer reads the whole catalog for each registered batch).
             with phase(console, "waiting until the consumers of the registration catch up"):
-                caught_up_s = _catch_up(live, CATCH_UP_S)
+                caught_up_s = client.consumers_caught_up(live, (ToolsRegistered,), CATCH_UP_S)
             call = _search_call(stub, tenant)
             first = _search_call(stub, tenant, FIRST_SEARCH_TIMEOUT_S)
             first_ms = _warm_up(call, first, queries, console)
@@ -281,7 +281,9 @@ class _Beside:
                     registration = _register_at_once(settings, neighbour, catalog)
                 self._phase = AFTER
                 with phase(console, "searching on until the consumers of its event catch up"):
-                    registration["consumers_caught_up_s"] = _catch_up(settings, CATCH_UP_S)
+                    registration["consumers_caught_up_s"] = client.consumers_caught_up(
+                        settings, (ToolsRegistered,), CATCH_UP_S
+                    )
             finally:
                 self._stop.set()
             for future in searching:
@@ -317,23 +319,6 @@ def _register_at_once(settings: Settings, tenant: str, catalog: list[ToolSpec]) 
     outcome["request_bytes"] = request.ByteSize()
     outcome["seconds"] = round(time.perf_counter() - start, 1)
     return outcome
-
-
-def _catch_up(settings: Settings, within_s: float) -> float | None:
-    """Seconds until every consumer group of `ToolsRegistered` has read and acknowledged all
-    of it, or None if they have not within `within_s`."""
-    import redis
-
-    from pml_common.settings import redis_credentials
-
-    start = time.monotonic()
-    with redis.Redis.from_url(settings.redis_url, **redis_credentials(settings)) as store:
-        while time.monotonic() - start < within_s:
-            groups = store.xinfo_groups(ToolsRegistered.STREAM)
-            if all(g["pending"] == 0 and not g.get("lag") for g in groups):
-                return round(time.monotonic() - start, 1)
-            time.sleep(0.5)
-    return None
 
 
 def _warm_up(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -271,3 +272,28 @@ async def publish_events(settings: Settings, events: Sequence[Event]) -> list[st
         for event in events:
             await bus.publish(event)
     return [e.event_id for e in events]
+
+
+def consumers_caught_up(
+    settings: Settings, events: Sequence[type[Event]], within_s: float
+) -> float | None:
+    """Seconds until every consumer group of each event type's stream, in turn, has read
+    and acknowledged all of it; None if they have not within `within_s`."""
+    import redis
+
+    from pml_common.settings import redis_credentials
+
+    def caught_up(store: redis.Redis, stream: str) -> bool:
+        if not store.exists(stream):  # nothing published: nothing to read
+            return True
+        groups = store.xinfo_groups(stream)
+        return all(g["pending"] == 0 and not g.get("lag") for g in groups)
+
+    start = time.monotonic()
+    with redis.Redis.from_url(settings.redis_url, **redis_credentials(settings)) as store:
+        for event in events:
+            while not caught_up(store, event.STREAM):
+                if time.monotonic() - start >= within_s:
+                    return None
+                time.sleep(0.5)
+    return round(time.monotonic() - start, 1)
