@@ -21,6 +21,9 @@ PASSES = ("chunking", "pass1", "pass2a", "pass2b", "pass3")
 SUBMIT_BATCH = 100
 SUBMIT_BYTES = 4 * 1024 * 1024
 STATUS_BATCH = 500
+#: Seconds between two looks at the documents still in progress: on a large corpus each look
+#: reads every one of them, on the cores the passes run on.
+POLL_S = 1.0
 
 
 def ingest_stub(settings: Settings) -> ingest_pb2_grpc.IngestServiceStub:
@@ -107,21 +110,24 @@ def wait(
     per pass: on a large corpus a document is done only when its last pass is, which may be
     minutes after the first passes moved on, and a single bar would sit still meanwhile."""
     deadline = time.monotonic() + timeout_s
-    counts = {"done": 0, "failed": 0, "in progress": len(ids)}
+    ended: dict[str, ingest_pb2.DocumentStatus] = {}  # done or failed: asked no more
     with _progress(console) as progress:
         bars = {name: progress.add_task(f"  {name}", total=len(ids)) for name in PASSES}
         task = progress.add_task("ingested (all passes)", total=len(ids))
         while True:
-            found = statuses(settings, tenant, ids)
-            counts = {"done": 0, "failed": 0, "in progress": len(ids) - len(found)}
-            for status in found:
+            pending = [i for i in ids if i not in ended]
+            found = statuses(settings, tenant, pending) if pending else []
+            ended.update((s.document_id, s) for s in found if state_of(s) != "in progress")
+            counts = {"done": 0, "failed": 0, "in progress": len(ids) - len(ended)}
+            for status in ended.values():
                 counts[state_of(status)] += 1
-            for name, finished in passes_finished(found).items():
+            known = [*ended.values(), *(s for s in found if s.document_id not in ended)]
+            for name, finished in passes_finished(known).items():
                 progress.update(bars[name], completed=finished)
-            progress.update(task, completed=counts["done"] + counts["failed"])
+            progress.update(task, completed=len(ended))
             if counts["in progress"] == 0 or time.monotonic() > deadline:
                 return counts
-            time.sleep(0.5)
+            time.sleep(POLL_S)
 
 
 def passes_finished(found: Sequence[ingest_pb2.DocumentStatus]) -> dict[str, int]:
