@@ -54,7 +54,7 @@ from pml_cli.eval_runs import (
 from pml_cli.local_stack import running_system
 from pml_cli.metrics import ToolMetrics
 from pml_cli.phases import phase
-from pml_common.events import GraphChanged, ToolSpec, ToolsRegistered
+from pml_common.events import ToolSpec
 from pml_common.settings import Settings
 
 #: Methods that learn nothing from the data set: one pass over every query.
@@ -73,8 +73,6 @@ TOP_K = 10
 #: Methods ranked by the semantic score ask for more than they keep (the unified cap ties).
 COSINE_POOL = 20
 IN_FLIGHT = 4
-#: How long a new tenant's registration may keep its consumers busy before the run goes on.
-CATCH_UP_S = 600.0
 
 Rank = Callable[[ToolQuery], list[str]]
 
@@ -90,14 +88,6 @@ def eval_tenant(
         with phase(console, f"{prefix}registering {len(tools)} tools"):
             # Registering again is harmless: unchanged tools are counted, not stored twice.
             retry_unavailable(lambda: client.register_tools(settings, tenant, tools))
-        with phase(console, f"{prefix}waiting for the registration's consumers"):
-            # Executions published before the trainer wrote the tools, or the planner read
-            # them, would be learned and judged as runs of tools nobody knows.
-            caught_up = client.consumers_caught_up(
-                settings, (ToolsRegistered, GraphChanged), CATCH_UP_S
-            )
-        if caught_up is None:
-            console.log(f"{prefix}the registration's consumers are still busy: going on")
         yield tenant
 
 
