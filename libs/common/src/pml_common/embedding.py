@@ -447,7 +447,8 @@ class CachedEmbedder(_Wrapper):
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
-        by_key = {self.key(t, kind): t for t in dict.fromkeys(texts)}
+        key_of = {t: self.key(t, kind) for t in dict.fromkeys(texts)}
+        by_key = {k: t for t, k in key_of.items()}
         memory = self._memory if kind == "q" else None
         found = self._remembered(memory, by_key)
         if len(found) < len(by_key):
@@ -463,7 +464,7 @@ class CachedEmbedder(_Wrapper):
         if memory is not None:
             memory.update((k, found[k]) for k in by_key)
         for i, text in enumerate(texts):
-            out[i] = found[self.key(text, kind)]
+            out[i] = found[key_of[text]]
         return out
 
     @staticmethod
