@@ -56,33 +56,6 @@ async def test_callers_arriving_during_a_pass_share_the_next_one(
     assert not batches.reading
 
 
-@pytest.mark.parametrize(("gather_s", "passes"), [(0.3, [1, 2]), (0.0, [1, 1, 1])])
-async def test_a_pass_that_follows_another_waits_for_callers_on_their_way(
-    monkeypatch: pytest.MonkeyPatch, gather_s: float, passes: list[int]
-) -> None:
-    release, sizes = _held(monkeypatch)
-    batches = CosineBatches(lambda: ROWS, gather_s=gather_s)
-    query = RNG.normal(size=(1, 7)).astype(np.float32)
-    first = asyncio.create_task(batches.cosines(query))
-    await _until(lambda: batches.reading, "the first pass started")
-    second = asyncio.create_task(batches.cosines(query))  # during the first pass
-    await asyncio.sleep(0.02)
-    release.set()
-    await first
-    third = asyncio.create_task(batches.cosines(query))  # just after it
-    results = await asyncio.gather(second, third)
-    assert sizes == passes
-    for result in results:
-        np.testing.assert_allclose(result, part_cosines(ROWS, query), rtol=1e-5, atol=1e-5)
-
-
-async def test_a_lone_caller_does_not_wait() -> None:
-    batches = CosineBatches(lambda: ROWS, gather_s=60.0)
-    query = RNG.normal(size=(1, 7)).astype(np.float32)
-    for _ in range(3):  # each arrives when no pass runs: none waits the minute
-        await asyncio.wait_for(batches.cosines(query), timeout=5)
-
-
 async def test_a_cancelled_caller_leaves_the_others_their_answer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

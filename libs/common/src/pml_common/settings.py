@@ -284,14 +284,6 @@ class Settings(BaseSettings):
         "it keeps statistics of; past it the least recently used tenants are dropped and read "
         "again from the stores on their next request. An empty catalog or graph counts as one.",
     )
-    search_pass_gather_ms: float = Field(
-        0.0,
-        ge=0.0,
-        le=50.0,
-        description="How long a dense pass over a tenant's tool vectors that follows another at "
-        "once waits for more requests to join it (a pass costs about as much for one query as "
-        "for eight); 0 starts it at once. A lone request never waits.",
-    )
     search_chunk_cache_max_chunks: int = Field(
         100_000,
         ge=1,

@@ -67,7 +67,7 @@ from pml_common.first_stage import (
 )
 from pml_common.settings import Settings
 from pml_common.tenant_cache import TenantCache
-from pml_search.cosine_batches import GATHER_S, CosineBatches
+from pml_search.cosine_batches import CosineBatches
 from pml_search.ranking import top_k_indices
 from pml_search.vector_store import VectorPoint, VectorStore
 
@@ -193,9 +193,7 @@ class TenantMatrix:
     of the buffers, so a pass never reads a row half written.
     """
 
-    def __init__(
-        self, dim: int, parts: tuple[int, ...] | None = None, gather_s: float = GATHER_S
-    ) -> None:
+    def __init__(self, dim: int, parts: tuple[int, ...] | None = None) -> None:
         self.dim = dim
         #: Widths of the embedder's models within a vector (see `EnsembleEmbedder`).
         self.parts = parts or (dim,)
@@ -203,7 +201,7 @@ class TenantMatrix:
         self.hashes: list[str] = []
         self.index: dict[str, int] = {}
         self._buffers = [np.zeros((0, width), dtype=np.float32) for width in self.parts]
-        self._cosines = CosineBatches(self._rows, gather_s)
+        self._cosines = CosineBatches(self._rows)
         #: Bumped by every upsert; the lexical index says which version it was built from.
         self.version = 0
         self._lexical: LexicalIndex | None = None
@@ -339,10 +337,8 @@ class CatalogIndex:
         store: VectorStore,
         embedder: Embedder,
         max_entries: int = MAX_ENTRIES,
-        gather_s: float = GATHER_S,
     ) -> None:
         self._store = store
-        self._gather_s = gather_s
         self._embedder = embedder
         self.collections = collections_for(embedder.name)
         self._parts = part_dims(embedder)
@@ -570,11 +566,11 @@ class CatalogIndex:
         finally:
             del self._loading[key]
         if load.stale:  # deleted meanwhile: serve nothing
-            return TenantMatrix(self._embedder.dim, self._parts, self._gather_s)
+            return TenantMatrix(self._embedder.dim, self._parts)
         return self._cache.setdefault(key, matrix)
 
     async def _load(self, tenant: str, kind: str) -> TenantMatrix:
-        matrix = TenantMatrix(self._embedder.dim, self._parts, self._gather_s)
+        matrix = TenantMatrix(self._embedder.dim, self._parts)
         points = await self._store.scan(self.collections[kind], {"tenant_id": tenant})
         if points:
             entries = [entry_of(dict(p.payload)) for p in points]

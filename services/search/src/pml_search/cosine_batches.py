@@ -20,18 +20,13 @@ from pml_common.first_stage import part_cosines
 #: The rows a pass reads: each model's columns of the matrix's first n rows.
 Snapshot = Callable[[], Sequence[np.ndarray]]
 
-#: How long a pass that follows another at once waits for more callers before it starts
-#: (`search_pass_gather_ms`).
-GATHER_S = 0.0
-
 
 class CosineBatches:
     """Cosines of query vectors with a matrix's rows, the queries of concurrent callers joined
     into one pass. Callers and the snapshot run on the event loop thread."""
 
-    def __init__(self, snapshot: Snapshot, gather_s: float = GATHER_S) -> None:
+    def __init__(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot
-        self._gather_s = gather_s
         self._waiting: list[tuple[np.ndarray, asyncio.Future[np.ndarray]]] = []
         self._runner: asyncio.Task[None] | None = None
         #: True while a pass reads the rows in the worker thread: a writer must not change
@@ -49,16 +44,11 @@ class CosineBatches:
 
     async def _run(self) -> None:
         try:
-            follows = False
+            # No pause for callers on their way between passes: measured side by side, a
+            # 2 ms one cost a fifth of the throughput (docs/benchmarks.md).
             while self._waiting:
-                if follows and self._gather_s > 0:
-                    # Back-to-back passes mean load: a pass costs about as much for one
-                    # query as for eight (it is bound by reading the rows), so the callers on
-                    # their way are worth a moment's wait.
-                    await asyncio.sleep(self._gather_s)
                 batch, self._waiting = self._waiting, []
                 await self._pass(batch)
-                follows = True
         finally:
             self._runner = None
             # Left only when the runner itself was cancelled (the loop is closing).

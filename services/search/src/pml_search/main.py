@@ -62,7 +62,6 @@ class SearchApp:
             self._store,
             build_tool_embedder(settings, self._redis),
             max_entries=settings.search_cache_max_entries,
-            gather_s=settings.search_pass_gather_ms / 1000,
         )
         self.graph = GraphView(
             self._driver, settings.neo4j_database, max_entries=settings.search_cache_max_entries
