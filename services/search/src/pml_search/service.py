@@ -33,6 +33,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
@@ -322,10 +323,11 @@ def rank_unified(
     candidates: Sequence[Scored], view: TenantGraph, limit: int
 ) -> list[search_pb2.SearchResult]:
     """ADR-051 final scores of the candidates, best first (ties by id), `limit` kept."""
-    results = [_unified_result(scored, view) for scored in candidates]
+    ranked = [_Unified.of(scored, view) for scored in candidates]
     # The 0.95 cap makes ties; the better semantic match goes first among them.
-    results.sort(key=lambda r: (-r.final_score, -r.semantic_score, r.id))
-    return results[:limit]
+    ranked.sort(key=lambda u: (-u.final, -u.scored.relevance, u.scored.entry.id))
+    # Messages for the kept ones only: building one costs more than scoring it.
+    return [u.result() for u in ranked[:limit]]
 
 
 def rank_hybrid(
@@ -336,9 +338,9 @@ def rank_hybrid(
     limit: int,
 ) -> list[search_pb2.ToolResult]:
     """Re-rank first-stage candidates with the graph and reliability, best first, `limit` kept."""
-    tools = [_hybrid_result(scored, view, context_tools, alpha) for scored in candidates]
-    tools.sort(key=lambda t: (-t.final_score, -t.semantic_score, t.tool_id))
-    return tools[:limit]
+    ranked = [_Hybrid.of(scored, view, context_tools, alpha) for scored in candidates]
+    ranked.sort(key=lambda h: (-h.final, -h.scored.relevance, h.scored.entry.id))
+    return [h.result() for h in ranked[:limit]]
 
 
 def _stats_fields(stats: NodeStats | None) -> tuple[float | None, int]:
@@ -347,24 +349,39 @@ def _stats_fields(stats: NodeStats | None) -> tuple[float | None, int]:
     return stats.success_rate, stats.executions
 
 
-def _unified_result(scored: Scored, view: TenantGraph) -> search_pb2.SearchResult:
-    entry, semantic = scored.entry, scored.relevance
-    rate, executions = _stats_fields(view.stats(entry.kind, entry.id))
-    factor = ranking.reliability_factor(rate)
-    return search_pb2.SearchResult(
-        id=entry.id,
-        kind=ENUM_OF_KIND[entry.kind],
-        name=entry.name,
-        description=entry.description,
-        server=entry.server,
-        semantic_score=semantic,
-        reliability_factor=factor,
-        final_score=ranking.unified_score(semantic, factor),
-        success_rate=rate,
-        executions=executions,
-        dense_score=scored.dense,
-        lexical_score=scored.lexical,
-    )
+@dataclass(frozen=True, slots=True)
+class _Unified:
+    """A candidate's ADR-051 score and what its result reports."""
+
+    scored: Scored
+    rate: float | None
+    executions: int
+    factor: float
+    final: float
+
+    @classmethod
+    def of(cls, scored: Scored, view: TenantGraph) -> _Unified:
+        rate, executions = _stats_fields(view.stats(scored.entry.kind, scored.entry.id))
+        factor = ranking.reliability_factor(rate)
+        final = ranking.unified_score(scored.relevance, factor)
+        return cls(scored, rate, executions, factor, final)
+
+    def result(self) -> search_pb2.SearchResult:
+        entry = self.scored.entry
+        return search_pb2.SearchResult(
+            id=entry.id,
+            kind=ENUM_OF_KIND[entry.kind],
+            name=entry.name,
+            description=entry.description,
+            server=entry.server,
+            semantic_score=self.scored.relevance,
+            reliability_factor=self.factor,
+            final_score=self.final,
+            success_rate=self.rate,
+            executions=self.executions,
+            dense_score=self.scored.dense,
+            lexical_score=self.scored.lexical,
+        )
 
 
 def _node_result(entry: CatalogEntry, stats: NodeStats | None) -> search_pb2.SearchResult:
@@ -381,26 +398,39 @@ def _node_result(entry: CatalogEntry, stats: NodeStats | None) -> search_pb2.Sea
     )
 
 
-def _hybrid_result(
-    scored: Scored, view: TenantGraph, context_tools: Sequence[str], alpha: float
-) -> search_pb2.ToolResult:
-    entry, semantic = scored.entry, scored.relevance
-    graph = ranking.graph_relatedness(view.links, entry.id, context_tools)
-    rate, _ = _stats_fields(view.stats(TOOL, entry.id))
-    factor = ranking.reliability_factor(rate)
-    hybrid = ranking.hybrid_score(semantic, graph, alpha)
-    return search_pb2.ToolResult(
-        tool_id=entry.id,
-        server_id=entry.server,
-        name=entry.name,
-        description=entry.description,
-        semantic_score=semantic,
-        graph_score=graph,
-        reliability_factor=factor,
-        final_score=ranking.unified_score(hybrid, factor),
-        dense_score=scored.dense,
-        lexical_score=scored.lexical,
-    )
+@dataclass(frozen=True, slots=True)
+class _Hybrid:
+    """A candidate's seeds 003/004 score and what its result reports."""
+
+    scored: Scored
+    graph: float
+    factor: float
+    final: float
+
+    @classmethod
+    def of(
+        cls, scored: Scored, view: TenantGraph, context_tools: Sequence[str], alpha: float
+    ) -> _Hybrid:
+        graph = ranking.graph_relatedness(view.links, scored.entry.id, context_tools)
+        rate, _ = _stats_fields(view.stats(TOOL, scored.entry.id))
+        factor = ranking.reliability_factor(rate)
+        hybrid = ranking.hybrid_score(scored.relevance, graph, alpha)
+        return cls(scored, graph, factor, ranking.unified_score(hybrid, factor))
+
+    def result(self) -> search_pb2.ToolResult:
+        entry = self.scored.entry
+        return search_pb2.ToolResult(
+            tool_id=entry.id,
+            server_id=entry.server,
+            name=entry.name,
+            description=entry.description,
+            semantic_score=self.scored.relevance,
+            graph_score=self.graph,
+            reliability_factor=self.factor,
+            final_score=self.final,
+            dense_score=self.scored.dense,
+            lexical_score=self.scored.lexical,
+        )
 
 
 def _related(links: ranking.LinkGraph, tool_id: str) -> list[search_pb2.RelatedTool]:
