@@ -49,7 +49,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import structlog
@@ -109,9 +109,10 @@ class CatalogEntry:
         return ToolText(self.id, self.server, self.name, self.description, self.fields)
 
 
-@dataclass(frozen=True)
-class Scored:
-    """An entry with its first-stage relevance and the two parts it was fused from."""
+class Scored(NamedTuple):
+    """An entry with its first-stage relevance and the two parts it was fused from.
+
+    A tuple: a request makes one per candidate, and a frozen dataclass costs twice as much."""
 
     entry: CatalogEntry
     relevance: float

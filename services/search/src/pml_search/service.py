@@ -33,8 +33,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc  # type: ignore[import-untyped, unused-ignore]
 import numpy as np
@@ -349,8 +348,7 @@ def _stats_fields(stats: NodeStats | None) -> tuple[float | None, int]:
     return stats.success_rate, stats.executions
 
 
-@dataclass(frozen=True, slots=True)
-class _Unified:
+class _Unified(NamedTuple):
     """A candidate's ADR-051 score and what its result reports."""
 
     scored: Scored
@@ -398,8 +396,7 @@ def _node_result(entry: CatalogEntry, stats: NodeStats | None) -> search_pb2.Sea
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Hybrid:
+class _Hybrid(NamedTuple):
     """A candidate's seeds 003/004 score and what its result reports."""
 
     scored: Scored
