@@ -81,3 +81,33 @@ async def test_a_failing_pass_fails_its_callers_only() -> None:
     np.testing.assert_allclose(
         await batches.cosines(query), part_cosines(ROWS, query), rtol=1e-5, atol=1e-5
     )
+
+
+async def test_each_caller_finishes_its_own_cosines_in_the_worker_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    release, sizes = _held(monkeypatch)
+    batches = CosineBatches(lambda: ROWS)
+    loop_thread = threading.get_ident()
+    threads: list[int] = []
+
+    def best_row(cosines: np.ndarray) -> int:
+        threads.append(threading.get_ident())
+        return int(np.argmax(cosines.mean(axis=0)[0]))
+
+    def broken(cosines: np.ndarray) -> int:
+        raise KeyError("this caller's own")
+
+    queries = [RNG.normal(size=(1, 7)).astype(np.float32) for _ in range(3)]
+    first = asyncio.create_task(batches.finished(queries[0], best_row))
+    await _until(lambda: batches.reading, "the first pass started")
+    failing = asyncio.create_task(batches.finished(queries[1], broken))
+    last = asyncio.create_task(batches.finished(queries[2], best_row))
+    await asyncio.sleep(0.05)
+    release.set()
+    with pytest.raises(KeyError, match="this caller's own"):
+        await failing
+    for query, task in ((queries[0], first), (queries[2], last)):
+        assert await task == int(np.argmax(part_cosines(ROWS, query).mean(axis=0)[0]))
+    assert sizes == [1, 2]  # the failing caller shared the second pass with the last one
+    assert threads and loop_thread not in threads

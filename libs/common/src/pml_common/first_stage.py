@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -68,6 +69,8 @@ _BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
 _CJK_RUN = re.compile(f"[{_CJK_CHARS}]+")
+#: Objects each thread keeps for itself (`_stemmer`).
+_PER_THREAD = threading.local()
 
 
 @dataclass(frozen=True)
@@ -95,11 +98,15 @@ def schema_fields(input_schema: Any) -> tuple[str, ...]:
     return tuple(str(name) for name in properties)
 
 
-@lru_cache(maxsize=1)
 def _stemmer() -> Any:
-    import Stemmer
+    """This thread's stemmer: a PyStemmer object is not safe to share between threads, and
+    queries are tokenized in search's dense-pass thread while an index is built in another."""
+    stemmer = getattr(_PER_THREAD, "stemmer", None)
+    if stemmer is None:
+        import Stemmer
 
-    return Stemmer.Stemmer("english")
+        stemmer = _PER_THREAD.stemmer = Stemmer.Stemmer("english")
+    return stemmer
 
 
 @lru_cache(maxsize=1)

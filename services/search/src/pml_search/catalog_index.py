@@ -283,29 +283,46 @@ class TenantMatrix:
         index = await self.lexical_index() if retriever != DENSE else None
         # The pass reads at least the rows the lexical index covers; rows added since (by a
         # write still under way) have no lexical score yet.
-        cosines = await self._cosines.cosines(np.asarray(vectors, dtype=np.float32))
-        rows = cosines.shape[-1]
-        parts = [
-            (cosines[:, j], _padded(index.scores(text), rows) if index else np.zeros(rows))
-            for j, text in enumerate(texts)
-        ]
-        models, bm25 = parts[0]
-        dense, lexical = models.mean(axis=0), normalised_lexical(bm25)
-        if retriever == HYBRID:
-            relevance = hybrid_relevance(parts[0], parts[1:])
-        else:
-            relevance = lexical if retriever == LEXICAL else dense
-        top = top_k_indices(relevance, k)
-        # Read out as lists at once: one numpy scalar per entry and score costs more than the
-        # fusion (a profile of the search service under load).
-        columns = zip(
+        top = await self._cosines.finished(
+            np.asarray(vectors, dtype=np.float32),
+            lambda cosines: _top_relevant(cosines, texts, index, k, retriever),
+        )
+        return [Scored(self.entries[i], r, d, lex) for i, r, d, lex in top]
+
+
+def _top_relevant(
+    cosines: np.ndarray,
+    texts: Sequence[str],
+    index: LexicalIndex | None,
+    k: int,
+    retriever: str,
+) -> list[tuple[int, float, float, float]]:
+    """(row, relevance, dense, lexical) of the `k` most relevant rows, from the (models,
+    texts, rows) cosines of `texts` (the request, then its sub-goals); run in the dense pass's
+    worker thread (`CosineBatches.finished`)."""
+    rows = cosines.shape[-1]
+    parts = [
+        (cosines[:, j], _padded(index.scores(text), rows) if index else np.zeros(rows))
+        for j, text in enumerate(texts)
+    ]
+    models, bm25 = parts[0]
+    dense, lexical = models.mean(axis=0), normalised_lexical(bm25)
+    if retriever == HYBRID:
+        relevance = hybrid_relevance(parts[0], parts[1:])
+    else:
+        relevance = lexical if retriever == LEXICAL else dense
+    top = top_k_indices(relevance, k)
+    # Read out as lists at once: one numpy scalar per entry and score costs more than the
+    # fusion (a profile of the search service under load).
+    return list(
+        zip(
             top.tolist(),
             relevance[top].tolist(),
             dense[top].tolist(),
             lexical[top].tolist(),
             strict=True,
         )
-        return [Scored(self.entries[i], r, d, lex) for i, r, d, lex in columns]
+    )
 
 
 def _padded(scores: np.ndarray, rows: int) -> np.ndarray:

@@ -4,14 +4,19 @@ At 10,000 tools × (512 + 384) dimensions a request's dense pass reads 36 MB of 
 bound by reading them, not by the arithmetic (on the 2-core development machine one query takes
 3.8 ms of a core, eight query columns at once 8.8 ms). So the requests that arrive while a pass
 runs wait for the next one and share it, one product per model for all of them, and the pass
-runs in a worker thread (numpy releases the GIL) while the event loop goes on serving: parsing
-requests, BM25, fusion. See docs/benchmarks.md, "Search latency at 10k tools".
+runs in a worker thread (numpy releases the GIL) while the event loop goes on serving.
+
+Each caller also hands the pass what to make of its cosines (`finish`: BM25, fusion, the top
+k), run in the same worker thread right after the product: under load the event loop's one
+thread, which parses, answers and traces every request, is what bounds the throughput, and
+that work is numpy on whole rows. See docs/benchmarks.md, "Search latency at 10k tools".
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -20,6 +25,19 @@ from pml_common.first_stage import part_cosines
 #: The rows a pass reads: each model's columns of the matrix's first n rows.
 Snapshot = Callable[[], Sequence[np.ndarray]]
 
+T = TypeVar("T")
+
+
+class _Caller(Generic[T]):
+    """One caller of a pass: its queries, what it makes of their cosines, its answer."""
+
+    def __init__(
+        self, queries: np.ndarray, finish: Callable[[np.ndarray], T], future: asyncio.Future[T]
+    ) -> None:
+        self.queries = queries
+        self.finish = finish
+        self.future = future
+
 
 class CosineBatches:
     """Cosines of query vectors with a matrix's rows, the queries of concurrent callers joined
@@ -27,7 +45,7 @@ class CosineBatches:
 
     def __init__(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot
-        self._waiting: list[tuple[np.ndarray, asyncio.Future[np.ndarray]]] = []
+        self._waiting: list[_Caller[Any]] = []
         self._runner: asyncio.Task[None] | None = None
         #: True while a pass reads the rows in the worker thread: a writer must not change
         #: them in place then (`TenantMatrix.upsert` copies them first).
@@ -36,8 +54,14 @@ class CosineBatches:
     async def cosines(self, queries: np.ndarray) -> np.ndarray:
         """(models, m, n) cosines of the `m` queries with the rows the pass read (n of them,
         at least those there when this was called)."""
-        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
-        self._waiting.append((np.asarray(queries, dtype=np.float32), future))
+        return await self.finished(queries, _as_is)
+
+    async def finished(self, queries: np.ndarray, finish: Callable[[np.ndarray], T]) -> T:
+        """`finish` of the queries' cosines (as `cosines` gives them), run in the pass's
+        worker thread: it must only read what it is given and what no writer changes in
+        place. What it raises is raised here, to this caller only."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._waiting.append(_Caller(np.asarray(queries, dtype=np.float32), finish, future))
         if self._runner is None:
             self._runner = asyncio.create_task(self._run())
         return await future
@@ -52,32 +76,53 @@ class CosineBatches:
         finally:
             self._runner = None
             # Left only when the runner itself was cancelled (the loop is closing).
-            for _, future in self._waiting:
-                future.cancel()
+            for caller in self._waiting:
+                caller.future.cancel()
             self._waiting = []
 
-    async def _pass(self, batch: list[tuple[np.ndarray, asyncio.Future[np.ndarray]]]) -> None:
-        live = [(queries, future) for queries, future in batch if not future.done()]
+    async def _pass(self, batch: list[_Caller[Any]]) -> None:
+        live = [caller for caller in batch if not caller.future.done()]
         if not live:
             return
         models = self._snapshot()
-        joined = np.concatenate([queries for queries, _ in live])
         self.reading = True
         try:
-            cosines = await asyncio.to_thread(part_cosines, models, joined)
+            outcomes = await asyncio.to_thread(_shared_pass, models, live)
         except asyncio.CancelledError:  # the runner, as the loop closes
-            for _, future in live:
-                future.cancel()
+            for caller in live:
+                caller.future.cancel()
             raise
         except Exception as exc:  # every caller of the pass gets the error; later ones go on
-            for _, future in live:
-                if not future.done():
-                    future.set_exception(exc)
+            for caller in live:
+                if not caller.future.done():
+                    caller.future.set_exception(exc)
             return
         finally:
             self.reading = False
-        start = 0
-        for queries, future in live:
-            if not future.done():
-                future.set_result(cosines[:, start : start + len(queries)])
-            start += len(queries)
+        for caller, (ok, value) in zip(live, outcomes, strict=True):
+            if caller.future.done():
+                continue
+            if ok:
+                caller.future.set_result(value)
+            else:
+                caller.future.set_exception(value)
+
+
+def _shared_pass(models: Sequence[np.ndarray], callers: Sequence[_Caller[Any]]) -> list[Any]:
+    """In the worker thread: one product for every caller's queries, then each caller's
+    `finish` of its own columns, as (True, result) or (False, the exception it raised)."""
+    cosines = part_cosines(models, np.concatenate([caller.queries for caller in callers]))
+    outcomes: list[tuple[bool, Any]] = []
+    start = 0
+    for caller in callers:
+        mine = cosines[:, start : start + len(caller.queries)]
+        start += len(caller.queries)
+        try:
+            outcomes.append((True, caller.finish(mine)))
+        except Exception as exc:  # this caller's only
+            outcomes.append((False, exc))
+    return outcomes
+
+
+def _as_is(cosines: np.ndarray) -> np.ndarray:
+    return cosines
