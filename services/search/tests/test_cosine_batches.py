@@ -1,10 +1,12 @@
 """CosineBatches: concurrent callers share one pass in a worker thread, each gets its own
-cosines, and a failing or cancelled caller leaves the others whole."""
+cosines finished in a worker thread, and a failing or cancelled caller leaves the others
+whole."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable
 
 import numpy as np
 import pytest
@@ -30,6 +32,10 @@ def _held(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[int]]:
     return release, sizes
 
 
+def _cosines(batches: CosineBatches, queries: np.ndarray) -> Awaitable[np.ndarray]:
+    return batches.finished(queries, lambda cosines: cosines)
+
+
 async def _until(condition: object, what: str) -> None:
     for _ in range(500):
         if callable(condition) and condition():
@@ -44,9 +50,9 @@ async def test_callers_arriving_during_a_pass_share_the_next_one(
     release, sizes = _held(monkeypatch)
     batches = CosineBatches(lambda: ROWS)
     queries = [RNG.normal(size=(n, 7)).astype(np.float32) for n in (1, 2, 1, 3)]
-    first = asyncio.create_task(batches.cosines(queries[0]))
+    first = asyncio.create_task(_cosines(batches, queries[0]))
     await _until(lambda: batches.reading, "the first pass started")
-    later = [asyncio.create_task(batches.cosines(q)) for q in queries[1:]]
+    later = [asyncio.create_task(_cosines(batches, q)) for q in queries[1:]]
     await asyncio.sleep(0.05)
     release.set()
     results = await asyncio.gather(first, *later)
@@ -62,8 +68,8 @@ async def test_a_cancelled_caller_leaves_the_others_their_answer(
     release, _ = _held(monkeypatch)
     batches = CosineBatches(lambda: ROWS)
     query = RNG.normal(size=(1, 7)).astype(np.float32)
-    gone = asyncio.create_task(batches.cosines(query))
-    kept = asyncio.create_task(batches.cosines(query))
+    gone = asyncio.create_task(_cosines(batches, query))
+    kept = asyncio.create_task(_cosines(batches, query))
     await _until(lambda: batches.reading, "the pass started")
     gone.cancel()
     release.set()
@@ -77,9 +83,9 @@ async def test_a_failing_pass_fails_its_callers_only() -> None:
     batches = CosineBatches(lambda: next(snapshots))
     query = RNG.normal(size=(1, 7)).astype(np.float32)
     with pytest.raises(ValueError):
-        await batches.cosines(query)
+        await _cosines(batches, query)
     np.testing.assert_allclose(
-        await batches.cosines(query), part_cosines(ROWS, query), rtol=1e-5, atol=1e-5
+        await _cosines(batches, query), part_cosines(ROWS, query), rtol=1e-5, atol=1e-5
     )
 
 
@@ -111,3 +117,23 @@ async def test_each_caller_finishes_its_own_cosines_in_the_worker_thread(
         assert await task == int(np.argmax(part_cosines(ROWS, query).mean(axis=0)[0]))
     assert sizes == [1, 2]  # the failing caller shared the second pass with the last one
     assert threads and loop_thread not in threads
+
+
+async def test_the_next_pass_runs_while_the_last_callers_are_finishing() -> None:
+    batches = CosineBatches(lambda: ROWS)
+    finishing, release = threading.Event(), threading.Event()
+
+    def slow(cosines: np.ndarray) -> np.ndarray:
+        finishing.set()
+        release.wait(timeout=10)
+        return cosines
+
+    query = RNG.normal(size=(1, 7)).astype(np.float32)
+    first = asyncio.create_task(batches.finished(query, slow))
+    await _until(finishing.is_set, "the first caller is finishing")
+    try:  # the second caller's pass and finishing do not wait for the first's
+        second = await asyncio.wait_for(_cosines(batches, query), timeout=5)
+    finally:
+        release.set()
+    np.testing.assert_allclose(second, part_cosines(ROWS, query), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(await first, second)

@@ -7,9 +7,10 @@ runs wait for the next one and share it, one product per model for all of them, 
 runs in a worker thread (numpy releases the GIL) while the event loop goes on serving.
 
 Each caller also hands the pass what to make of its cosines (`finish`: BM25, fusion, the top
-k), run in the same worker thread right after the product: under load the event loop's one
-thread, which parses, answers and traces every request, is what bounds the throughput, and
-that work is numpy on whole rows. See docs/benchmarks.md, "Search latency at 10k tools".
+k). The callers' finishing runs in another worker thread while the next pass already reads the
+rows: under load the event loop's one thread, which parses, answers and traces every request,
+bounds the throughput, and that work is numpy on whole rows. See docs/benchmarks.md, "Search
+latency at 10k tools".
 """
 
 from __future__ import annotations
@@ -47,19 +48,16 @@ class CosineBatches:
         self._snapshot = snapshot
         self._waiting: list[_Caller[Any]] = []
         self._runner: asyncio.Task[None] | None = None
+        self._finishing: set[asyncio.Task[None]] = set()
         #: True while a pass reads the rows in the worker thread: a writer must not change
         #: them in place then (`TenantMatrix.upsert` copies them first).
         self.reading = False
 
-    async def cosines(self, queries: np.ndarray) -> np.ndarray:
-        """(models, m, n) cosines of the `m` queries with the rows the pass read (n of them,
-        at least those there when this was called)."""
-        return await self.finished(queries, _as_is)
-
     async def finished(self, queries: np.ndarray, finish: Callable[[np.ndarray], T]) -> T:
-        """`finish` of the queries' cosines (as `cosines` gives them), run in the pass's
-        worker thread: it must only read what it is given and what no writer changes in
-        place. What it raises is raised here, to this caller only."""
+        """`finish` of the (models, m, n) cosines of the `m` queries with the rows the pass
+        read (n of them, at least those there when this was called), run in a worker thread:
+        it must only read what it is given and what no writer changes in place. What it
+        raises is raised here, to this caller only."""
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._waiting.append(_Caller(np.asarray(queries, dtype=np.float32), finish, future))
         if self._runner is None:
@@ -85,9 +83,10 @@ class CosineBatches:
         if not live:
             return
         models = self._snapshot()
+        joined = np.concatenate([caller.queries for caller in live])
         self.reading = True
         try:
-            outcomes = await asyncio.to_thread(_shared_pass, models, live)
+            cosines = await asyncio.to_thread(part_cosines, models, joined)
         except asyncio.CancelledError:  # the runner, as the loop closes
             for caller in live:
                 caller.future.cancel()
@@ -99,6 +98,18 @@ class CosineBatches:
             return
         finally:
             self.reading = False
+        # The callers' finishing runs in another thread while the next pass reads the rows.
+        task = asyncio.create_task(self._finish(live, cosines))
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
+
+    async def _finish(self, live: list[_Caller[Any]], cosines: np.ndarray) -> None:
+        try:
+            outcomes = await asyncio.to_thread(_finished, live, cosines)
+        except BaseException:  # the loop closing
+            for caller in live:
+                caller.future.cancel()
+            raise
         for caller, (ok, value) in zip(live, outcomes, strict=True):
             if caller.future.done():
                 continue
@@ -108,10 +119,9 @@ class CosineBatches:
                 caller.future.set_exception(value)
 
 
-def _shared_pass(models: Sequence[np.ndarray], callers: Sequence[_Caller[Any]]) -> list[Any]:
-    """In the worker thread: one product for every caller's queries, then each caller's
-    `finish` of its own columns, as (True, result) or (False, the exception it raised)."""
-    cosines = part_cosines(models, np.concatenate([caller.queries for caller in callers]))
+def _finished(callers: Sequence[_Caller[Any]], cosines: np.ndarray) -> list[Any]:
+    """In a worker thread: each caller's `finish` of its own columns of the pass's cosines,
+    as (True, result) or (False, the exception it raised)."""
     outcomes: list[tuple[bool, Any]] = []
     start = 0
     for caller in callers:
@@ -122,7 +132,3 @@ def _shared_pass(models: Sequence[np.ndarray], callers: Sequence[_Caller[Any]]) 
         except Exception as exc:  # this caller's only
             outcomes.append((False, exc))
     return outcomes
-
-
-def _as_is(cosines: np.ndarray) -> np.ndarray:
-    return cosines
