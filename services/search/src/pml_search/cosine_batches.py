@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -29,15 +30,13 @@ Snapshot = Callable[[], Sequence[np.ndarray]]
 T = TypeVar("T")
 
 
+@dataclass(eq=False)
 class _Caller(Generic[T]):
     """One caller of a pass: its queries, what it makes of their cosines, its answer."""
 
-    def __init__(
-        self, queries: np.ndarray, finish: Callable[[np.ndarray], T], future: asyncio.Future[T]
-    ) -> None:
-        self.queries = queries
-        self.finish = finish
-        self.future = future
+    queries: np.ndarray
+    finish: Callable[[np.ndarray], T]
+    future: asyncio.Future[T]
 
 
 class CosineBatches:
@@ -92,9 +91,7 @@ class CosineBatches:
                 caller.future.cancel()
             raise
         except Exception as exc:  # every caller of the pass gets the error; later ones go on
-            for caller in live:
-                if not caller.future.done():
-                    caller.future.set_exception(exc)
+            _deliver(live, [(False, exc)] * len(live))
             return
         finally:
             self.reading = False
@@ -106,20 +103,25 @@ class CosineBatches:
     async def _finish(self, live: list[_Caller[Any]], cosines: np.ndarray) -> None:
         try:
             outcomes = await asyncio.to_thread(_finished, live, cosines)
-        except BaseException:  # the loop closing
+        except BaseException:  # the loop closing, or its executor shut down: none waits on
             for caller in live:
                 caller.future.cancel()
             raise
-        for caller, (ok, value) in zip(live, outcomes, strict=True):
-            if caller.future.done():
-                continue
-            if ok:
-                caller.future.set_result(value)
-            else:
-                caller.future.set_exception(value)
+        _deliver(live, outcomes)
 
 
-def _finished(callers: Sequence[_Caller[Any]], cosines: np.ndarray) -> list[Any]:
+def _deliver(callers: Sequence[_Caller[Any]], outcomes: Sequence[tuple[bool, Any]]) -> None:
+    """Each caller still waiting gets its outcome: (True, result) or (False, exception)."""
+    for caller, (ok, value) in zip(callers, outcomes, strict=True):
+        if caller.future.done():
+            continue
+        if ok:
+            caller.future.set_result(value)
+        else:
+            caller.future.set_exception(value)
+
+
+def _finished(callers: Sequence[_Caller[Any]], cosines: np.ndarray) -> list[tuple[bool, Any]]:
     """In a worker thread: each caller's `finish` of its own columns of the pass's cosines,
     as (True, result) or (False, the exception it raised)."""
     outcomes: list[tuple[bool, Any]] = []
