@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -25,6 +26,7 @@ from pml_common.grpc_server import (
     MAX_ERROR_MESSAGE,
     GrpcServer,
     RequestError,
+    _ErrorMappingInterceptor,
     check_deadline,
     failed_precondition,
     invalid_argument,
@@ -173,6 +175,26 @@ async def test_errors_map_to_status_codes(
     assert "secret internals" not in details
     # The server survives and keeps answering.
     assert (await get_node(ch, "fine")).id == "fine"
+
+
+async def test_each_methods_handler_is_wrapped_once_and_again_when_it_changes() -> None:
+    interceptor = _ErrorMappingInterceptor()
+    first = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
+    second = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
+    handlers = {"/pml.v1.SearchService/GetNode": first}
+
+    async def continuation(details: Any) -> Any:
+        return handlers.get(details.method)
+
+    def call(method: str) -> Any:
+        return interceptor.intercept_service(continuation, SimpleNamespace(method=method))
+
+    wrapped = await call("/pml.v1.SearchService/GetNode")
+    assert wrapped is not first and wrapped.unary_unary is not None
+    assert await call("/pml.v1.SearchService/GetNode") is wrapped
+    handlers["/pml.v1.SearchService/GetNode"] = second
+    assert await call("/pml.v1.SearchService/GetNode") is not wrapped
+    assert await call("/pml.v1.SearchService/Unknown") is None
 
 
 async def test_error_messages_quoting_huge_input_are_shortened(

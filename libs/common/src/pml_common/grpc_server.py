@@ -222,6 +222,11 @@ def _guard_stream(behavior: Callable[..., Any], method: str) -> Callable[..., As
 class _ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, unused-ignore]
     """Wraps every handler so servicers raise exceptions instead of setting status codes."""
 
+    def __init__(self) -> None:
+        # The wrapped handler of each method, made once: gRPC asks for the handler on every
+        # call, and building it is Python work on the event loop of a busy server.
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
+
     async def intercept_service(
         self,
         continuation: Callable[[Any], Awaitable[Any]],
@@ -231,25 +236,33 @@ class _ErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc
         if handler is None:  # unknown method: gRPC answers UNIMPLEMENTED itself
             return None
         method = handler_call_details.method
-        kwargs = {
-            "request_deserializer": _tolerant(handler.request_deserializer),
-            "response_serializer": handler.response_serializer,
-        }
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                _guard_unary(handler.unary_unary, method), **kwargs
-            )
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(
-                _guard_unary(handler.stream_unary, method), **kwargs
-            )
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
-                _guard_stream(handler.unary_stream, method), **kwargs
-            )
-        return grpc.stream_stream_rpc_method_handler(
-            _guard_stream(handler.stream_stream, method), **kwargs
+        made = self._wrapped.get(method)
+        if made is None or made[0] is not handler:
+            made = (handler, _error_mapped(handler, method))
+            self._wrapped[method] = made
+        return made[1]
+
+
+def _error_mapped(handler: Any, method: str) -> Any:
+    kwargs = {
+        "request_deserializer": _tolerant(handler.request_deserializer),
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(
+            _guard_unary(handler.unary_unary, method), **kwargs
         )
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(
+            _guard_unary(handler.stream_unary, method), **kwargs
+        )
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(
+            _guard_stream(handler.unary_stream, method), **kwargs
+        )
+    return grpc.stream_stream_rpc_method_handler(
+        _guard_stream(handler.stream_stream, method), **kwargs
+    )
 
 
 #: How long RPCs under way may still run on a connection the server asked to close: as long
