@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from pml_common.first_stage import (
     DENSE_WEIGHTS,
     MAX_SUB_GOALS,
+    PRODUCT_BLOCK_ROWS,
     SUB_GOAL_SHARE,
     LexicalIndex,
     ToolText,
@@ -103,12 +104,14 @@ def test_dense_parts_read_each_models_cosine_back() -> None:
     np.testing.assert_allclose(parts[1], b[1:] @ b[0], rtol=1e-5)
 
 
-def test_part_cosines_of_several_queries_are_each_querys_own() -> None:
+# Fewer rows than a block, exactly two blocks, blocks and a remainder.
+@pytest.mark.parametrize("count", [7, 2 * PRODUCT_BLOCK_ROWS, 2 * PRODUCT_BLOCK_ROWS + 45])
+def test_part_cosines_of_several_queries_are_each_querys_own(count: int) -> None:
     rng = np.random.default_rng(1)
-    rows, queries = rng.normal(size=(7, 5)), rng.normal(size=(3, 5))
+    rows, queries = rng.normal(size=(count, 5)), rng.normal(size=(3, 5))
     models = [np.ascontiguousarray(rows[:, :3]), np.ascontiguousarray(rows[:, 3:])]
     together = part_cosines(models, queries)
-    assert together.shape == (2, 3, 7)
+    assert together.shape == (2, 3, count)
     for j, query in enumerate(queries):
         np.testing.assert_allclose(together[:, j], dense_parts(rows, query, (3, 2)), rtol=1e-5)
 

@@ -233,11 +233,36 @@ def part_cosines(models: Sequence[np.ndarray], queries: np.ndarray) -> np.ndarra
     spans = part_spans([matrix.shape[1] for matrix in models])
     for (start, width), matrix in zip(spans, models, strict=True):
         piece = queries[:, start : start + width]
-        products = matrix @ piece[0] if count == 1 else (matrix @ piece.T).T
+        products = matrix @ piece[0] if count == 1 else _blocked_product(matrix, piece).T
         rows.append(np.reshape(products, (count, -1)) * len(models))
     if not rows:
         return np.zeros((0, count, 0), dtype=np.float32)
     return np.stack(rows).astype(np.float32, copy=False)
+
+
+#: Rows per block of `_blocked_product`: 128 rows (256 kB of a 512-dimension model) stay in the
+#: core's cache while the few query columns go over them.
+PRODUCT_BLOCK_ROWS = 128
+
+
+def _blocked_product(matrix: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """(n, m) products of `n` rows with `m` queries, computed block of rows by block.
+
+    One BLAS product of all the rows with several queries first copies the rows into its own
+    layout (OpenBLAS's packing): at 10k rows it reads and writes the whole matrix twice and
+    takes twice the time of one query's product. A stack of 128-row blocks, multiplied in one
+    call (numpy loops over the stack in C), keeps each copy in cache: with 2 to 8 queries the
+    pass takes 0.5 to 0.8 of the time (measured with 10k rows of 512 and 384 dimensions).
+    """
+    rows, width = matrix.shape
+    whole = rows - rows % PRODUCT_BLOCK_ROWS
+    if whole == 0 or not matrix.flags.c_contiguous:
+        return np.asarray(matrix @ queries.T)
+    blocks = matrix[:whole].reshape(-1, PRODUCT_BLOCK_ROWS, width) @ queries.T
+    products = blocks.reshape(whole, len(queries))
+    if whole == rows:
+        return np.asarray(products)
+    return np.concatenate([products, matrix[whole:] @ queries.T])
 
 
 def part_spans(widths: Sequence[int]) -> list[tuple[int, int]]:
