@@ -229,40 +229,41 @@ def part_cosines(models: Sequence[np.ndarray], queries: np.ndarray) -> np.ndarra
     dot product of one slice times k is that model's cosine. One product per model serves all
     `m` queries: at 10k rows the pass is bound by reading the rows, not by the arithmetic.
     """
-    rows, count = [], len(queries)
+    rows = []
     spans = part_spans([matrix.shape[1] for matrix in models])
     for (start, width), matrix in zip(spans, models, strict=True):
-        piece = queries[:, start : start + width]
-        products = matrix @ piece[0] if count == 1 else _blocked_product(matrix, piece).T
-        rows.append(np.reshape(products, (count, -1)) * len(models))
+        rows.append(_products(matrix, queries[:, start : start + width]) * len(models))
     if not rows:
-        return np.zeros((0, count, 0), dtype=np.float32)
+        return np.zeros((0, len(queries), 0), dtype=np.float32)
     return np.stack(rows).astype(np.float32, copy=False)
 
 
-#: Rows per block of `_blocked_product`: 128 rows (256 kB of a 512-dimension model) stay in the
+#: Rows per block of `_products`: 128 rows (256 kB of a 512-dimension model) stay in the
 #: core's cache while the few query columns go over them.
 PRODUCT_BLOCK_ROWS = 128
 
 
-def _blocked_product(matrix: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """(n, m) products of `n` rows with `m` queries, computed block of rows by block.
+def _products(matrix: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """(m, n) products of `m` queries with `n` rows.
 
-    One BLAS product of all the rows with several queries first copies the rows into its own
-    layout (OpenBLAS's packing): at 10k rows it reads and writes the whole matrix twice and
-    takes twice the time of one query's product. A stack of 128-row blocks, multiplied in one
-    call (numpy loops over the stack in C), keeps each copy in cache: with 2 to 8 queries the
-    pass takes 0.5 to 0.8 of the time (measured with 10k rows of 512 and 384 dimensions).
+    One query is a matrix-vector product. With several, one BLAS product of all the rows first
+    copies them into its own layout (OpenBLAS's packing): at 10k rows it reads and writes the
+    whole matrix twice and takes twice the time of one query's product. A stack of 128-row
+    blocks, multiplied in one call (numpy loops over the stack in C), keeps each copy in
+    cache: with 2 to 8 queries the pass takes 0.5 to 0.8 of the time (measured with 10k rows
+    of 512 and 384 dimensions).
     """
+    if len(queries) == 1:
+        return np.asarray(matrix @ queries[0])[None]
     rows, width = matrix.shape
     whole = rows - rows % PRODUCT_BLOCK_ROWS
     if whole == 0 or not matrix.flags.c_contiguous:
-        return np.asarray(matrix @ queries.T)
+        return np.asarray(matrix @ queries.T).T
     blocks = matrix[:whole].reshape(-1, PRODUCT_BLOCK_ROWS, width) @ queries.T
     products = blocks.reshape(whole, len(queries))
-    if whole == rows:
-        return np.asarray(products)
-    return np.concatenate([products, matrix[whole:] @ queries.T])
+    if whole < rows:
+        products = np.concatenate([products, matrix[whole:] @ queries.T])
+    return np.asarray(products).T
 
 
 def part_spans(widths: Sequence[int]) -> list[tuple[int, int]]:
