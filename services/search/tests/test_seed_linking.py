@@ -1,12 +1,14 @@
-"""Linking a question to the tenant's concepts (`pml_search.seed_linking`): by key, alias and
-fuzzy name, named entities before the common words inside them; then, against the real Neo4j,
-a question that words an entity otherwise than its document still seeds it and reaches its
-section, and a rare common word inside a named entity does not pull the walk away from it.
+"""Linking a question to the tenant's concepts (`pml_search.seed_linking`): by key, alias,
+fuzzy and dense name, named entities before the common words inside them; then, against the
+real Neo4j and the passage embedder, a question that words an entity otherwise than its
+document (a misspelling, another language) still seeds it and reaches its section, and a rare
+common word inside a named entity does not pull the walk away from it.
 """
 
 from __future__ import annotations
 
 import neo4j
+import numpy as np
 import pytest
 
 from pml.v1 import knowledge_pb2
@@ -21,6 +23,8 @@ from pml_search.seed_linking import (
     ALIAS,
     COMMON_WORD_FACTOR,
     CONCEPT_TYPE,
+    DENSE,
+    DENSE_MIN,
     EXACT,
     FUZZY,
     FUZZY_MIN,
@@ -88,6 +92,49 @@ def test_a_name_that_is_not_a_key_is_linked_to_the_nearest_names() -> None:
     assert FUZZY_MIN <= link.score < 1.0 and link.entity_type == "LOC"
     # nothing close enough: no link (the words alone are no concept either)
     assert NAMES.link("Where does the Volga flow?") == []
+
+
+def unit(*values: float) -> np.ndarray:
+    vector = np.asarray(values, dtype=np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+def test_a_name_nothing_else_links_is_linked_by_meaning() -> None:
+    names = NameIndex(
+        [
+            NameRow("germany", "Germany", "GPE"),
+            NameRow("france", "France", "GPE"),
+            NameRow("rhine", "Rhine", "LOC"),
+            NameRow("river", "river", CONCEPT_TYPE),  # a noun phrase: never a dense target
+        ]
+    )
+    assert names.dense_names == ["France", "Germany", "Rhine"]
+    question = "Which river crosses Allemagne and the Rhine?"
+    # the key links "Rhine" and "river"; "Allemagne" no key, alias or trigram links
+    assert names.unlinked_names(question) == ["Allemagne"]
+    assert DENSE not in {x.how for x in names.link(question)}  # no vectors yet
+    names.with_vectors(np.stack([unit(1, 0, 0), unit(0, 1, 0), unit(0, 0, 1)]))
+    links = {x.key: x for x in names.link(question, {"Allemagne": unit(0.1, 0.99, 0)})}
+    germany = links["germany"]
+    assert (germany.how, germany.span, germany.entity_type) == (DENSE, "Allemagne", "GPE")
+    assert germany.score == pytest.approx(0.995, abs=1e-3)
+    assert germany.factor == pytest.approx(germany.score)
+    assert links["rhine"].how == EXACT and "france" not in links
+    # nearest name below DENSE_MIN: no link
+    far = unit(0.7, 0.7, 0.1)
+    assert float(far @ unit(0, 1, 0)) < DENSE_MIN
+    assert "germany" not in {x.key for x in names.link(question, {"Allemagne": far})}
+    with pytest.raises(ValueError, match="2 vectors for 3 names"):
+        names.with_vectors(np.zeros((2, 3), dtype=np.float32))
+
+
+def test_only_what_no_other_link_reaches_is_left_to_dense_links() -> None:
+    # linked by key, by alias, by trigrams: nothing to embed
+    assert NAMES.unlinked_names("Who won Pop Idol and drew Spider-Man?") == []
+    assert NAMES.unlinked_names("Where does the Tikhaya Sosna flow?") == []
+    # names joined by a connector are looked up apart: only the part nothing links is left
+    question = "Are Christopher Nolan and Rainer Werner Fassbinder both film directors?"
+    assert NAMES.unlinked_names(question) == ["Rainer Werner Fassbinder"]
 
 
 def test_two_names_joined_by_a_connector_are_linked_apart() -> None:
@@ -217,6 +264,56 @@ async def test_an_entity_worded_otherwise_still_seeds_and_reaches_its_section(
     assert answer.plan.ordered()[0] == RIVER.context_id
     assert answer.chunks[0].hit.document_id == "river"
     assert invariant_violations(answer) == []
+
+
+GERMANY = Doc(
+    "germany",
+    "Germany",
+    "Germany is a country in Central Europe; the Rhine and the Elbe cross it.",
+    {"Germany": 0.9, "Rhine": 0.5, "Elbe": 0.5, "country": 0.3},
+    {"Germany": "GPE", "Rhine": "LOC", "Elbe": "LOC"},
+)
+#: Documents about countries and rivers that name no country of the question.
+COUNTRY_FILLERS = tuple(
+    Doc(
+        f"country{i}",
+        f"Country {i}",
+        f"Country {i} is a country whose rivers cross it from the mountains to the sea.",
+        {f"country {i}": 0.9, "country": 0.6, "river": 0.5},
+        {f"country {i}": "GPE"},
+    )
+    for i in range(5)
+)
+
+
+@pytest.mark.parametrize("method", ["graph-ppr", "graph-first"])
+async def test_an_entity_named_in_another_language_seeds_it_by_meaning(
+    engine: KnowledgeEngine, graph_db, tenant: str, method: str
+) -> None:
+    await planted(engine, graph_db, tenant, (GERMANY, *COUNTRY_FILLERS))
+    answer = await engine.ask(tenant, "Which rivers cross Allemagne?", 3, method)
+    seeds = {s.key: s for s in answer.seeds}
+    germany = seeds["germany"]
+    assert germany.link == DENSE and germany.span == "Allemagne"
+    assert DENSE_MIN <= germany.link_score <= 1.0 and germany.entity_type == "GPE"
+    assert answer.seeds[0].key == "germany"
+    assert answer.chunks[0].hit.document_id == "germany"
+    assert invariant_violations(answer) == []
+    proto = {s.key: s for s in answer_proto_seeds(answer.seeds)}
+    assert proto["germany"].link == DENSE and proto["germany"].span == "Allemagne"
+
+
+async def test_a_large_tenants_names_are_embedded_in_the_background(
+    engine: KnowledgeEngine, graph_db, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("pml_search.propagation.DENSE_SYNC_NAMES", 0)
+    await planted(engine, graph_db, tenant, (GERMANY, *COUNTRY_FILLERS))
+    names = await engine.propagation.names(tenant)
+    assert names.unlinked_names("Which rivers cross Allemagne?") == ["Allemagne"]
+    await engine.propagation.settle()
+    assert names.has_vectors and await engine.propagation.names(tenant) is names
+    answer = await engine.ask(tenant, "Which rivers cross Allemagne?", 3, "graph-ppr")
+    assert {s.key: s.link for s in answer.seeds}["germany"] == DENSE
 
 
 async def test_a_common_word_inside_a_named_entity_does_not_outweigh_it(

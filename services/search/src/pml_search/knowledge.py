@@ -127,7 +127,7 @@ class KnowledgeEngine:
         self.reads = reads
         self.gds = gds
         self.chunks = chunks
-        self.propagation = propagation or Propagation(reads)
+        self.propagation = propagation or Propagation(reads, names_embedder=chunks.embedder)
         self.gds_pagerank = gds_pagerank
 
     async def ask(self, tenant: str, question: str, k: int, method: str) -> Answer:
@@ -176,7 +176,9 @@ class KnowledgeEngine:
         with stages.stage("seeds") as span:
             answer.reads.append("graph")
             names = await self.propagation.names(tenant)
-            links = {link.key: link for link in names.link(question)}
+            spans = await self.propagation.embed_spans(names.unlinked_names(question))
+            span.set_attribute("pml.dense_spans", len(spans))
+            links = {link.key: link for link in names.link(question, spans)}
             # graph-ppr walks the cached graph instead of following the seeds' routes
             per_key = 0 if method == GRAPH_PPR else planning.ROUTES_PER_KEY
             rows, routes = await self.reads.anchors(tenant, list(links), per_key)

@@ -82,7 +82,7 @@ class SearchApp:
         )
         gds = GdsPaths(reads.read, settings.consumer_name, reads.min_confidence)
         pagerank = GdsPageRank(reads.read, settings.consumer_name)
-        propagation = Propagation(reads)
+        propagation = Propagation(reads, names_embedder=self.chunks.embedder)
         self.knowledge = KnowledgeEngine(reads, gds, self.chunks, propagation, pagerank)
         self._knowledge_group = KnowledgeConsumers(gds, propagation, pagerank).subscribe(
             self.bus, settings.consumer_name

@@ -52,6 +52,7 @@ import structlog
 from opentelemetry import trace
 from scipy import sparse
 
+from pml_common.embedding import Embedder
 from pml_common.tenant_cache import TenantCache
 from pml_search.evidence_plan import SUBSUMED_FACTOR, Seed
 from pml_search.knowledge_reads import GraphRows, KnowledgeReads
@@ -77,8 +78,13 @@ SAME_KEY = 1.0
 RELATION_SHARE = 1.0
 #: Nodes plus edges kept over all tenants (MuSiQue's 1,890 documents weigh about 10⁵).
 CACHE_MAX_WEIGHT = 2_000_000
-#: Names plus trigrams kept over all tenants for linking questions (MuSiQue: about 10⁶).
-NAMES_MAX_WEIGHT = 4_000_000
+#: Names, trigrams and name vectors kept over all tenants for linking questions, about 8
+#: bytes each (MuSiQue: about 4 × 10⁶, see `NameIndex.weight`).
+NAMES_MAX_WEIGHT = 12_000_000
+#: A tenant with more entity and topic names than this gets its name index at once and its
+#: dense links once the names are embedded in the background (10,000 names: about 5 s of CPU
+#: with Universal Sentence Encoder), so its first question does not wait for them.
+DENSE_SYNC_NAMES = 2_000
 #: A tenant whose last read took this long is answered from its previous graph while the new
 #: one is read (see the module doc).
 STALE_AFTER_S = 1.0
@@ -330,8 +336,16 @@ class Propagation:
     """Each tenant's graph, and the index of its concept names that links questions to it
     (`pml_search.seed_linking`), each read on first use and kept until the graph changes."""
 
-    def __init__(self, reads: KnowledgeReads, capacity: int = CACHE_MAX_WEIGHT) -> None:
+    def __init__(
+        self,
+        reads: KnowledgeReads,
+        capacity: int = CACHE_MAX_WEIGHT,
+        names_embedder: Embedder | None = None,
+    ) -> None:
         self._reads = reads
+        #: embeds the entities' and topics' names for dense links (none: no dense links)
+        self._names_embedder = names_embedder
+        self._embeddings: set[asyncio.Task[None]] = set()
         self._graphs = _TenantLoads(
             "knowledge-propagation", capacity, lambda g: g.weight, self._load
         )
@@ -362,7 +376,43 @@ class Propagation:
         rows = await self._reads.names(tenant)
         index = await asyncio.to_thread(NameIndex, rows)
         log.info("knowledge.names_indexed", tenant=tenant, names=len(index.keys))
+        if self._names_embedder is None or not index.dense_names:
+            return index
+        if len(index.dense_names) <= DENSE_SYNC_NAMES:
+            await self._embed_names(tenant, index, self._names_embedder)
+        else:
+            task = asyncio.create_task(self._embed_names(tenant, index, self._names_embedder))
+            self._embeddings.add(task)
+            task.add_done_callback(self._embeddings.discard)
         return index
+
+    @staticmethod
+    async def _embed_names(tenant: str, index: NameIndex, embedder: Embedder) -> None:
+        """Gives the index its name vectors; a failure leaves it without dense links."""
+        started = time.monotonic()
+        try:
+            index.with_vectors(await embedder.embed_passages(index.dense_names))
+        except Exception:
+            log.exception("knowledge.names_not_embedded", tenant=tenant)
+            return
+        log.info(
+            "knowledge.names_embedded",
+            tenant=tenant,
+            names=len(index.dense_names),
+            seconds=round(time.monotonic() - started, 2),
+        )
+
+    async def settle(self) -> None:
+        """Waits for the name vectors being computed in the background."""
+        await asyncio.gather(*self._embeddings)
+
+    async def embed_spans(self, spans: Sequence[str]) -> dict[str, np.ndarray]:
+        """The unit vectors of a question's unlinked named spans, for dense links (none
+        without an embedder)."""
+        if self._names_embedder is None or not spans:
+            return {}
+        vectors = await self._names_embedder.embed_queries(list(spans))
+        return dict(zip(spans, vectors, strict=True))
 
     async def _load(self, tenant: str) -> PropagationGraph:
         rows = await self._reads.graph(tenant)
