@@ -211,16 +211,29 @@ RIVER = Doc(
     {"Tikhaya Sosna River": 0.9, "Don": 0.5, "Alexeyevka": 0.4},
     {"Tikhaya Sosna River": "LOC", "Don": "LOC", "Alexeyevka": "GPE"},
 )
-#: Documents sharing the question's other words ("river", "flow", "town") and nothing else.
-RIVER_FILLERS = tuple(
-    Doc(
-        f"stream{i}",
-        f"Stream {i}",
-        f"Stream {i} is a river; the town on the river watches it flow every year.",
-        {f"stream {i}": 0.9, "river": 0.6, "town": 0.5, "flow": 0.3},
-        {f"stream {i}": "LOC"},
+
+
+def fillers(kind: str, sentence: str, shared: dict[str, float], label: str) -> tuple[Doc, ...]:
+    """Five documents "<Kind> i", each an entity of `label` saying `sentence` after its name
+    and mentioning the `shared` concepts."""
+    return tuple(
+        Doc(
+            f"{kind}{i}",
+            f"{kind.title()} {i}",
+            f"{kind.title()} {i} {sentence}",
+            {f"{kind} {i}": 0.9, **shared},
+            {f"{kind} {i}": label},
+        )
+        for i in range(5)
     )
-    for i in range(5)
+
+
+#: Documents sharing the question's other words ("river", "flow", "town") and nothing else.
+RIVER_FILLERS = fillers(
+    "stream",
+    "is a river; the town on the river watches it flow every year.",
+    {"river": 0.6, "town": 0.5, "flow": 0.3},
+    "LOC",
 )
 WORDED_OTHERWISE = "Which town does the Tikhaya Sosna flow through?"
 
@@ -274,15 +287,11 @@ GERMANY = Doc(
     {"Germany": "GPE", "Rhine": "LOC", "Elbe": "LOC"},
 )
 #: Documents about countries and rivers that name no country of the question.
-COUNTRY_FILLERS = tuple(
-    Doc(
-        f"country{i}",
-        f"Country {i}",
-        f"Country {i} is a country whose rivers cross it from the mountains to the sea.",
-        {f"country {i}": 0.9, "country": 0.6, "river": 0.5},
-        {f"country {i}": "GPE"},
-    )
-    for i in range(5)
+COUNTRY_FILLERS = fillers(
+    "country",
+    "is a country whose rivers cross it from the mountains to the sea.",
+    {"country": 0.6, "river": 0.5},
+    "GPE",
 )
 
 
