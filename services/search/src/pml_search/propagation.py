@@ -29,7 +29,8 @@ tenant's graph changes (`invalidate`, called from `knowledge_consumers` on the p
 events) and read again on its next question; reading it costs one pass over the tenant's
 mentions, then a question costs a few sparse products. The index of the tenant's concept names
 that links a question to its seeds (`pml_search.seed_linking.NameIndex`) is kept and dropped
-the same way.
+the same way; the vectors of its entity and topic names (dense links) are computed with it by
+the passage embedder, after it is served for a tenant of more than `DENSE_SYNC_NAMES`.
 
 A tenant whose last read took `STALE_AFTER_S` or more (thousands of documents) would make
 every question wait that long while it ingests, as each pass that completes changes its graph:
