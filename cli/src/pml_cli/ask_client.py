@@ -112,7 +112,8 @@ def _timings(timings: Sequence[common_pb2.StageTiming]) -> str:
 
 def _seed(seed: knowledge_pb2.SeedConcept) -> str:
     """A seed and what made it one: how the question named it (exact key, alias, fuzzy or
-    dense name with its score), its type, its weight, the sections mentioning it, a topic it names."""
+    dense name with its score), its type, its weight, the sections mentioning it, a topic it
+    names."""
     why = [_link(seed)] if seed.link else []
     why += [seed.entity_type] if seed.entity_type else []
     why += [f"{seed.weight:.2f}", f"{seed.sections} section{'s' if seed.sections != 1 else ''}"]
