@@ -176,9 +176,10 @@ class KnowledgeEngine:
         with stages.stage("seeds") as span:
             answer.reads.append("graph")
             names = await self.propagation.names(tenant)
-            spans = await self.propagation.embed_spans(names.unlinked_names(question))
-            span.set_attribute("pml.dense_spans", len(spans))
-            links = {link.key: link for link in names.link(question, spans)}
+            draft = names.draft(question)
+            vectors = await self.propagation.embed_spans(names, draft)
+            span.set_attribute("pml.dense_spans", len(vectors))
+            links = {link.key: link for link in names.finish(draft, vectors)}
             # graph-ppr walks the cached graph instead of following the seeds' routes
             per_key = 0 if method == GRAPH_PPR else planning.ROUTES_PER_KEY
             rows, routes = await self.reads.anchors(tenant, list(links), per_key)

@@ -57,7 +57,7 @@ from pml_common.embedding import Embedder
 from pml_common.tenant_cache import TenantCache
 from pml_search.evidence_plan import SUBSUMED_FACTOR, Seed
 from pml_search.knowledge_reads import GraphRows, KnowledgeReads
-from pml_search.seed_linking import NameIndex
+from pml_search.seed_linking import Draft, NameIndex
 
 log = structlog.get_logger(__name__)
 
@@ -407,12 +407,13 @@ class Propagation:
         """Waits for the name vectors being computed in the background."""
         await asyncio.gather(*self._embeddings)
 
-    async def embed_spans(self, spans: Sequence[str]) -> dict[str, np.ndarray]:
-        """The unit vectors of a question's unlinked named spans, for dense links (none
-        without an embedder)."""
-        if self._names_embedder is None or not spans:
+    async def embed_spans(self, names: NameIndex, draft: Draft) -> dict[str, np.ndarray]:
+        """The unit vectors of a question's unlinked named spans, for dense links: none
+        without an embedder, or while `names` has no name vectors to compare them with."""
+        spans = list(dict.fromkeys(text for text, _, _ in draft.unlinked))
+        if self._names_embedder is None or not spans or not names.has_vectors:
             return {}
-        vectors = await self._names_embedder.embed_queries(list(spans))
+        vectors = await self._names_embedder.embed_queries(spans)
         return dict(zip(spans, vectors, strict=True))
 
     async def _load(self, tenant: str) -> PropagationGraph:

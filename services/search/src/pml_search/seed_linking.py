@@ -44,7 +44,7 @@ import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import sparse
@@ -131,6 +131,18 @@ class _Token:
     end: int
 
 
+@dataclass
+class Draft:
+    """A question's links before the dense ones (`NameIndex.draft`)."""
+
+    tokens: list[_Token]
+    found: list[Link] = field(default_factory=list)
+    #: word offsets of the named spans linked to an entity
+    entities: list[tuple[int, int]] = field(default_factory=list)
+    #: named spans nothing linked: (text, start, end)
+    unlinked: list[tuple[str, int, int]] = field(default_factory=list)
+
+
 def alias_of(text: str) -> str:
     """Every word of `text`, function words included, folded and singular."""
     return " ".join(singular(w) for w in words(text))
@@ -213,23 +225,8 @@ class NameIndex:
 
     def unlinked_names(self, question: str) -> list[str]:
         """The named spans of `question` that no key, alias or fuzzy name links: those a
-        dense link may find (embed them and pass them to `link`)."""
-        tokens = _tokens(question)
-        return [
-            text
-            for start, end in _named_spans(tokens)
-            for text in self._unlinked(question, tokens, start, end)
-        ]
-
-    def _unlinked(self, question: str, tokens: Sequence[_Token], start: int, end: int) -> list[str]:
-        """What of a named span reaches the dense link in `_named`: the span, or its parts."""
-        if self._whole(question, tokens, start, end):
-            return []
-        parts = _parts(tokens, start, end)
-        if len(parts) > 1:
-            return [t for s, e in parts for t in self._unlinked(question, tokens, s, e)]
-        text = _text(question, tokens, start, end)
-        return [] if self.fuzzy(text) else [text]
+        dense link may find."""
+        return [text for text, _, _ in self.draft(question).unlinked]
 
     def _trigram_matrix(self) -> sparse.csr_array:
         """Rows: keys; columns: trigrams; TF-IDF, each row of unit length."""
@@ -278,14 +275,18 @@ class NameIndex:
     ) -> list[Link]:
         """The question's links, one per key (its strongest), in question order;
         `span_vectors` are the unit vectors of its `unlinked_names`, for dense links."""
+        return self.finish(self.draft(question), span_vectors or {})
+
+    def draft(self, question: str) -> Draft:
+        """Every link but the dense ones, and the named spans left for them: what Ask embeds
+        between `draft` and `finish`, so that each span is looked up once."""
         tokens = _tokens(question)
-        found: list[Link] = []
-        entities: list[tuple[int, int]] = []
+        draft = Draft(tokens)
         for start, end in _named_spans(tokens):
-            for link in self._named(question, tokens, start, end, span_vectors or {}):
-                found.append(link)
+            for link in self._named(question, tokens, start, end, draft.unlinked):
+                draft.found.append(link)
                 if _is_entity(link.entity_type):
-                    entities.append((link.start, link.end))
+                    draft.entities.append((link.start, link.end))
         # Every span that neither starts nor ends with a function word, by its key (the
         # n-grams of `ngram_keys`, with their place in the question), and the titles it names.
         keyed = [bool(canonical_key(t.text)) for t in tokens]
@@ -296,15 +297,27 @@ class NameIndex:
                 text = _text(question, tokens, start, end)
                 key = canonical_key(text)
                 if key in self.types:
-                    found.append(Link(key, EXACT, 1.0, text, start, end, self.types[key]))
-                found += [
+                    draft.found.append(Link(key, EXACT, 1.0, text, start, end, self.types[key]))
+                draft.found += [
                     Link(t, ALIAS, 1.0, text, start, end, self.types[t])
                     for form in _alias_forms(text)
                     for t in self.aliases.get(form, ())
                     if t != key and t in self.titles
                 ]
+        return draft
+
+    def finish(self, draft: Draft, span_vectors: Mapping[str, np.ndarray]) -> list[Link]:
+        """The draft's links with the dense links of its unlinked spans (those `span_vectors`
+        holds), one per key (its strongest), in question order."""
+        found, entities = list(draft.found), list(draft.entities)
+        for text, start, end in draft.unlinked:
+            nearest = self.dense(span_vectors[text]) if text in span_vectors else None
+            if nearest is not None:
+                key, score = nearest
+                found.append(Link(key, DENSE, round(score, 4), text, start, end, self.types[key]))
+                entities.append((start, end))
         linked = _strongest(_mark_inside(found, entities))
-        return _mark_common(linked, tokens) if entities else linked
+        return _mark_common(linked, draft.tokens) if entities else linked
 
     def _whole(self, question: str, tokens: Sequence[_Token], start: int, end: int) -> list[Link]:
         """The links of a named span as a whole: by its key and by its alias."""
@@ -324,29 +337,27 @@ class NameIndex:
         tokens: Sequence[_Token],
         start: int,
         end: int,
-        span_vectors: Mapping[str, np.ndarray],
+        unlinked: list[tuple[str, int, int]],
     ) -> list[Link]:
         """The links of a named span: by its key or alias as a whole; else those of its parts
-        between connectors ("Christopher Nolan and Sathish Kalathil"); else fuzzy; else
-        dense, when the span's vector is given."""
+        between connectors ("Christopher Nolan and Sathish Kalathil"); else fuzzy; else none,
+        and the span is added to `unlinked` (for a dense link)."""
         whole = self._whole(question, tokens, start, end)
         if whole:
             return whole
-        text = _text(question, tokens, start, end)
         parts = _parts(tokens, start, end)
         if len(parts) > 1:
             return [
-                link for s, e in parts for link in self._named(question, tokens, s, e, span_vectors)
+                link for s, e in parts for link in self._named(question, tokens, s, e, unlinked)
             ]
+        text = _text(question, tokens, start, end)
         fuzzy = [
             Link(key, FUZZY, round(score, 4), text, start, end, self.types[key])
             for key, score in self.fuzzy(text)
         ]
-        nearest = self.dense(span_vectors[text]) if not fuzzy and text in span_vectors else None
-        if nearest is None:
-            return fuzzy
-        key, score = nearest
-        return [Link(key, DENSE, round(score, 4), text, start, end, self.types[key])]
+        if not fuzzy:
+            unlinked.append((text, start, end))
+        return fuzzy
 
 
 def _tokens(question: str) -> list[_Token]:
