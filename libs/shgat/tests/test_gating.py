@@ -45,6 +45,17 @@ def test_the_chosen_weight_never_ranks_below_the_first_stage() -> None:
     assert best == figures(first, judged)
 
 
+def test_a_correction_that_must_order_its_candidates_alone_gets_a_weight_above_eight() -> None:
+    # The first stage puts a distractor first by a full point; the correction prefers the
+    # executed tool by 0.1 only, so it ranks first only at a weight above 10.
+    judged = [Judged((1,)) for _ in range(10)]
+    first = [np.array([1.0, 0.0, 0.5]) for _ in judged]
+    correction = [np.array([0.85, 0.95, 0.0]) for _ in judged]
+    weight, best = choose_weight(first, correction, judged)
+    assert weight == 16.0
+    assert best.recall_at_1 == 1.0
+
+
 def test_a_correction_that_points_at_the_executed_tools_gets_a_weight_and_is_admitted() -> None:
     rng = np.random.default_rng(1)
     judged = [Judged((int(i),)) for i in rng.integers(0, 20, size=30)]

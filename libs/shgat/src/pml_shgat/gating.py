@@ -42,8 +42,12 @@ from numpy.typing import NDArray
 from pml_shgat.memory import ServedMemory
 from pml_shgat.serving import ServingModel
 
-#: Weights tried for the correction; 0 (the first stage alone) must stay first.
-WEIGHT_GRID: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+#: Weights tried for the correction; 0 (the first stage alone) must stay first. The first stage
+#: lies in [0, 1] and a correction is a probability, so at 32 or 64 the correction orders its
+#: candidates and the first stage only breaks its ties: where executions recur (a tenant's
+#: routine work), that is what ranks best, and a grid that stopped at 8 had the gate choose its
+#: edge (MetaTool, every fold: docs/benchmarks.md).
+WEIGHT_GRID: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 #: Cut-offs of the recall figures.
 CUTOFFS = (1, 5, 10)
 #: The recall that decides, and by how much a candidate must beat it to count as better;
