@@ -343,8 +343,11 @@ async def test_a_candidate_that_ties_the_serving_one_replaces_it_only_if_it_lear
     lease = await rig.lock.try_acquire()
     assert lease is not None
     async with rig.lock.hold(lease):
+        # at the grid's largest weight the correction orders the tools alone: nothing the
+        # same parameters could do with another weight ranks better
+        weight = WEIGHT_GRID[-1]
         serving = await rig.registry.publish(
-            tenant, good, lease.token, {"correction_weight": 8.0, "traces_seen": 40.0}
+            tenant, good, lease.token, {"correction_weight": weight, "traces_seen": 40.0}
         )
         published = await rig.registry.current(tenant)
         config, params = from_bytes(good)
