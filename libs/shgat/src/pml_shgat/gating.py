@@ -227,10 +227,10 @@ def _pair_figures(
             served, term = np.empty(len(first)), np.empty(len(first))
         served[:] = first
         if w:
-            np.multiply(correction[row], w, out=term)
+            np.multiply(np.asarray(correction[row], dtype=np.float64), w, out=term)
             served += term
         if m and memory is not None:
-            np.multiply(memory[row], m, out=term)
+            np.multiply(np.asarray(memory[row], dtype=np.float64), m, out=term)
             served += term
         each[row] = one_figures(served, judged_one.relevant)
     return each
