@@ -14,6 +14,8 @@ from pml_shgat.gating import (
     Judged,
     better,
     choose_weight,
+    choose_weights,
+    combined,
     figures,
     judge,
     one_figures,
@@ -165,3 +167,14 @@ def test_more_of_the_executed_tools_in_the_top_five_does_not_excuse_a_first_step
     assert not better(wider, sharper)
     # the same recall gain with the first step where it was: better
     assert better(Figures(0.5, 0.9, 1.0, 1.0, 1.0, 10), sharper)
+
+
+def test_the_chosen_weights_figures_are_those_of_the_served_scores() -> None:
+    rng = np.random.default_rng(6)
+    judged = [Judged(tuple(int(t) for t in rng.choice(30, 2, replace=False))) for _ in range(25)]
+    first = [rng.random(30) for _ in judged]
+    correction = [rng.random(30) * 0.5 + np.eye(30)[j.relevant[0]] * 0.5 for j in judged]
+    memory = [rng.random(30) * (rng.random(30) < 0.3) for _ in judged]
+    weights, best = choose_weights(first, correction, memory, judged)
+    assert weights != (0.0, 0.0)
+    assert best == figures(combined(first, correction, memory, weights), judged)
