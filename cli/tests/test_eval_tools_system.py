@@ -16,7 +16,7 @@ from rich.console import Console
 from pml_cli import client
 from pml_cli.catalog_files import load_catalog
 from pml_cli.eval_data import QuerySelection
-from pml_cli.eval_folds import _rejected_metrics, covered, evaluate_folds
+from pml_cli.eval_folds import _rejected_metrics, covered, evaluate_folds, gate_figures
 from pml_cli.eval_tools import eval_tenant, evaluate_tools
 from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
@@ -159,9 +159,13 @@ async def test_the_trainers_rejected_candidate_is_read(settings: Settings, tenan
         fence = f"test:fence:{tenant}"
         token = int(await redis.incr(fence))
         registry = ModelRegistry(redis, fencing_key=fence)
-        await registry.reject(tenant, b"model", token, {"traces_seen": 7.0, "holdout_size": 2.0})
+        figures = {"traces_seen": 7.0, "holdout_size": 2.0, "holdout_candidate_mrr": 2 / 3}
+        await registry.reject(tenant, b"model", token, {**figures, "accepted": 0.0})
     finally:
         await redis.aclose()
     # 7 executions learned from and 2 held back to judge it: it accounts for 9.
-    assert covered(await _rejected_metrics(settings, tenant)) == 9.0
+    rejected = await _rejected_metrics(settings, tenant)
+    assert covered(rejected) == 9.0
+    # the report keeps what the gate judged it on, rounded, and nothing else
+    assert gate_figures(rejected) == {**figures, "holdout_candidate_mrr": 0.6667}
     assert covered({"traces_seen": 4.0}) == 4.0  # a trainer that holds nothing back

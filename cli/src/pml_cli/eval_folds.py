@@ -12,7 +12,11 @@ sees the same split). For each fold:
   stream, which the real trainer consumes, buffers and trains on under its lock; the scorer
   then serves the published model. The trainer's gate may reject a model (it holds back some
   executions to judge it): the evaluation measures what is served then, and `models` lists per
-  fold the version served and whether the last model was admitted. The *test* fold's queries
+  fold the version served, its weights, whether the last model was admitted, and the gate's
+  figures of the served version and of the last rejected candidate (`gate`, `rejected`:
+  executions learned from and held back, held-back recall@5 and MRR of the candidate, the
+  version it was judged against and the first stage), so the gate's choice can be read
+  beside the fold's test figures. The *test* fold's queries
   are ranked through the public gRPC API. Single-pass methods (`cosine`, `dense`, ...) rank as
   without folds, on the fold's tenant: `unified` and `hybrid` then also read what the trainer
   learned from the training folds (reliability, co-use edges) when a learned method ran.
@@ -35,7 +39,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -322,6 +326,29 @@ class ServedModel:
     note: str = ""
     #: The served version's weights of SHGAT's correction and of the execution memory's.
     weights: tuple[float, float] = (0.0, 0.0)
+    #: The trainer's gate figures of the served version (`gate_figures`), and of the candidate
+    #: it rejected last when that one accounts for every execution: what the gate chose on.
+    gate: dict[str, float] = field(default_factory=dict)
+    rejected: dict[str, float] = field(default_factory=dict)
+
+
+#: The figures of a version's record that say what the gate judged it on.
+GATE_FIGURES = (
+    "traces_seen",
+    "holdout_size",
+    "holdout_novel_size",
+    "holdout_candidate_recall_at_5",
+    "holdout_candidate_mrr",
+    "holdout_serving_recall_at_5",
+    "holdout_serving_mrr",
+    "holdout_first_stage_recall_at_5",
+    "holdout_first_stage_mrr",
+)
+
+
+def gate_figures(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The `GATE_FIGURES` among a version's metrics, rounded for the report."""
+    return {name: round(float(metrics[name]), 4) for name in GATE_FIGURES if name in metrics}
 
 
 def wait_for_model(settings: Settings, tenant: str, executions: int) -> ServedModel:
@@ -341,10 +368,14 @@ def wait_for_model(settings: Settings, tenant: str, executions: int) -> ServedMo
             continue
         version = str(info.version)
         weights = (float(info.correction_weight), float(info.memory_weight))
+        gate = gate_figures(info.metrics)
         if covered(info.metrics) >= executions:
-            return ServedModel(version, True, weights=weights)
-        if covered(asyncio.run(_rejected_metrics(settings, tenant))) >= executions:
-            return ServedModel(version, False, weights=weights)
+            return ServedModel(version, True, weights=weights, gate=gate)
+        rejected = asyncio.run(_rejected_metrics(settings, tenant))
+        if covered(rejected) >= executions:
+            return ServedModel(
+                version, False, weights=weights, gate=gate, rejected=gate_figures(rejected)
+            )
         time.sleep(1.0)
     note = f"no model accounted for all {executions} executions within {TRAINING_TIMEOUT_S:.0f}s"
     return ServedModel(version, False, complete=False, note=note)
