@@ -223,11 +223,6 @@ class NameIndex:
         score = float(scores[best])
         return (self.dense_keys[best], min(1.0, score)) if score >= DENSE_MIN else None
 
-    def unlinked_names(self, question: str) -> list[str]:
-        """The named spans of `question` that no key, alias or fuzzy name links: those a
-        dense link may find."""
-        return [text for text, _, _ in self.draft(question).unlinked]
-
     def _trigram_matrix(self) -> sparse.csr_array:
         """Rows: keys; columns: trigrams; TF-IDF, each row of unit length."""
         rows: list[int] = []
@@ -274,7 +269,8 @@ class NameIndex:
         self, question: str, span_vectors: Mapping[str, np.ndarray] | None = None
     ) -> list[Link]:
         """The question's links, one per key (its strongest), in question order;
-        `span_vectors` are the unit vectors of its `unlinked_names`, for dense links."""
+        `span_vectors` are the unit vectors of its unlinked named spans (`Draft.unlinked`),
+        for dense links."""
         return self.finish(self.draft(question), span_vectors or {})
 
     def draft(self, question: str) -> Draft:
