@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pml_common.concepts import canonical_key
 from pml_common.events import Pass1Completed
 from pml_search.evidence_plan import SUBSUMED_FACTOR, Seed
 from pml_search.gds import PAGERANK_PROCEDURE, GdsPageRank, GdsPaths, graph_name
@@ -37,6 +38,7 @@ from pml_search.knowledge_reads import (
 from pml_search.paths import Mode
 from pml_search.propagation import (
     DAMPING,
+    TITLE_ROUTE,
     TOPIC_SEED,
     Propagation,
     _TenantLoads,
@@ -124,6 +126,59 @@ def test_restarts_favour_rare_seeds_whole_seeds_and_topics() -> None:
     assert weights["rare"] == 20 * weights["common"]
     assert weights["part"] == SUBSUMED_FACTOR * weights["rare"]
     assert weights["title"] == TOPIC_SEED * weights["rare"] / 2
+
+
+# A corpus of one airport, the state it is in (a document of its own) and eight documents that
+# mention the state more saliently than the state's own article does.
+STATE_ROWS = GraphRows(
+    sections=[
+        SectionRow(
+            "airport",
+            "d-airport",
+            ("dodge city airport",),
+            {"dodge city airport": 0.9, "kansas": 0.5, "ford county kansas": 0.5},
+        ),
+        SectionRow("state", "d-state", ("kansas",), {"kansas": 0.3, "population": 0.6}),
+        *(
+            SectionRow(f"other{i}", f"d-other{i}", (), {"kansas": 0.9, f"town{i}": 0.8})
+            for i in range(8)
+        ),
+    ],
+    covers=[],
+    relations=[],
+)
+
+
+def test_a_concept_naming_a_document_sends_most_of_its_walk_there_one_way() -> None:
+    graph = build_graph(STATE_ROWS)
+    walk = graph.walk.toarray()
+    kansas, topic = graph.concepts["kansas"], graph.topics["kansas"]
+    mentions = 0.5 + 0.3 + 8 * 0.9
+    # from the concept: TITLE_ROUTE × its mentions (and the same-key edge) to the topic
+    routed = TITLE_ROUTE * mentions + 1.0
+    assert walk[topic, kansas] == pytest.approx(routed / (routed + mentions), rel=1e-5)
+    assert walk[topic, kansas] > 0.7
+    # from the topic, nothing changes: its section and the same-key edge back, weight 1 each
+    assert walk[kansas, topic] == pytest.approx(0.5)
+    np.testing.assert_allclose(walk.sum(axis=0), np.ones(graph.size), rtol=1e-6)
+
+
+def test_a_concept_whose_words_hold_a_title_names_that_document() -> None:
+    graph = build_graph(STATE_ROWS)
+    walk = graph.walk.toarray()
+    held = graph.concepts["ford county kansas"]
+    assert walk[graph.topics["kansas"], held] == pytest.approx(TITLE_ROUTE / (TITLE_ROUTE + 1))
+    assert walk[graph.topics["kansas"], held] > 0.7
+
+
+def test_the_walk_goes_from_a_document_to_the_one_its_text_names() -> None:
+    # "the state where Dodge City airport is": the state's article, which mentions the state
+    # least, ranks next after the airport's own section, above the eight that mention it more
+    graph = build_graph(STATE_ROWS)
+    scores = personalized_pagerank(graph, restart_vector(graph, [seed("dodge city airport")]))
+    section = dict(zip(graph.sections, scores[graph.first_section :], strict=True))
+    others = max(section[f"other{i}"] for i in range(8))
+    assert section["airport"] > section["state"] > 2 * others > 0
 
 
 def test_a_key_naming_a_concept_and_a_topic_restarts_on_both() -> None:
@@ -361,4 +416,10 @@ async def test_gds_pagerank_rows_become_the_plan(engine: KnowledgeEngine, plante
     await engine.ask(planted, QUESTION, 2, "graph-ppr")
     projections = [p for q, p in reader.calls if "gds.graph.project" in q]
     assert len(projections) == 2
+    # the concepts that name a document are projected one way, weighted as the scipy walk's
+    society = canonical_key(SOCIETY.title)
+    assert [society, society] in projections[0]["title_links"]
+    assert projections[0]["title_route"] == TITLE_ROUTE
+    project = next(q for q, _ in reader.calls if "gds.graph.project" in q)
+    assert "'NAMES' AS type" in project and "undirectedRelationshipTypes: ['LINK']" in project
     assert projections[0]["graph"] == graph_name("test", planted, "propagation")

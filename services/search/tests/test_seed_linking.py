@@ -32,6 +32,7 @@ from pml_search.seed_linking import (
     TOPIC_TYPE,
     NameIndex,
     NameRow,
+    title_links,
 )
 
 from .planted import Doc, index, plant
@@ -55,6 +56,9 @@ NAMES = NameIndex(
         NameRow("frozen", "frozen", CONCEPT_TYPE),
         NameRow("monster truck film", "Monster Trucks (film)", TOPIC_TYPE),
         NameRow("monster truck", "monster trucks", CONCEPT_TYPE),
+        NameRow("audrey william", "Audrey Williams", TOPIC_TYPE),
+        NameRow("audrey william", "Audrey Williams", "PERSON"),
+        NameRow("audrey william archaeologist", "Audrey Williams (archaeologist)", TOPIC_TYPE),
     ]
 )
 
@@ -89,6 +93,31 @@ def test_a_title_is_linked_without_its_disambiguation_besides_the_key() -> None:
     assert links["monster truck"] == (EXACT, "monster trucks", False)
     # but only titles: a concept's name is no alias of a lower-case span
     assert "spiderman" not in links_of("Who drew spider-man?")
+
+
+def test_a_title_named_exactly_links_no_namesake_by_alias() -> None:
+    # "Audrey Williams" is a title: the document it names, not "Audrey Williams (archaeologist)"
+    for question in ("Who was Audrey Williams married to?", "who was audrey williams?"):
+        links = links_of(question)
+        assert list(links) == ["audrey william"] and links["audrey william"][0] == EXACT
+    # a key that is no title still reaches the title it is the bare form of
+    assert links_of("Who sang in Frozen?")["frozen 2013 film"] == (ALIAS, "Frozen", False)
+
+
+def test_title_links_find_the_documents_a_concept_names() -> None:
+    topics = {"iowa", "west chicago", "chicago", "kansas", "dodge city kansas"}
+    concepts = ["kansas", "north west iowa", "west chicago high school", "river", "iowa kansas"]
+    assert title_links(concepts, topics) == [
+        ("kansas", "kansas"),  # the same key
+        ("north west iowa", "iowa"),  # a run of its words
+        ("west chicago high school", "west chicago"),  # the longest run, not also "chicago"
+        ("iowa kansas", "iowa"),  # two runs that do not overlap
+        ("iowa kansas", "kansas"),
+    ]
+    assert title_links(["dodge city"], topics) == []  # a part of a title names nothing
+    # the index keeps the pairs of its concepts (not of its topics, which name themselves)
+    assert ("audrey william", "audrey william") in NAMES.title_links
+    assert all(concept != "audrey william archaeologist" for concept, _ in NAMES.title_links)
 
 
 def test_a_name_that_is_not_a_key_is_linked_to_the_nearest_names() -> None:

@@ -89,32 +89,41 @@ _PROJECT_PROPAGATION = """
 CALL () {
   MATCH (c:CanonicalConcept {tenant_id: $tenant})-[m:MENTIONED_IN]->
         (s:SectionContext {tenant_id: $tenant})
-  RETURN c AS a, s AS b, coalesce(m.salience, 0.0) AS weight
+  RETURN c AS a, s AS b, coalesce(m.salience, 0.0) AS weight, 'LINK' AS type
   UNION ALL
   MATCH (s:SectionContext {tenant_id: $tenant})
   UNWIND coalesce(s.topic_ids, []) AS topic_id
   MATCH (t:Topic {tenant_id: $tenant, topic_id: topic_id})
-  RETURN t AS a, s AS b, $topic_section AS weight
+  RETURN t AS a, s AS b, $topic_section AS weight, 'LINK' AS type
   UNION ALL
   MATCH (t:Topic {tenant_id: $tenant})-[r:COVERS]->(c:CanonicalConcept {tenant_id: $tenant})
-  RETURN t AS a, c AS b, $covers_share * coalesce(r.confidence, 1.0) AS weight
+  RETURN t AS a, c AS b, $covers_share * coalesce(r.confidence, 1.0) AS weight, 'LINK' AS type
   UNION ALL
   MATCH (t:Topic {tenant_id: $tenant})
   MATCH (c:CanonicalConcept {tenant_id: $tenant, canonical_name: t.topic_id})
-  RETURN c AS a, t AS b, $same_key AS weight
+  RETURN c AS a, t AS b, $same_key AS weight, 'LINK' AS type
   UNION ALL
   MATCH (x:CanonicalConcept {tenant_id: $tenant})-[r]->(y:CanonicalConcept {tenant_id: $tenant})
   WHERE type(r) IN $types AND r.tenant_id = $tenant
     AND size(coalesce(r.evidence_context_ids, r.evidence_ids, [])) > 0
     AND size(coalesce(r.evidence_quotes, [])) > 0
-  RETURN x AS a, y AS b, $relation_share * coalesce(r.confidence, 0.0) AS weight
+  RETURN x AS a, y AS b, $relation_share * coalesce(r.confidence, 0.0) AS weight, 'LINK' AS type
+  UNION ALL
+  UNWIND $title_links AS link
+  MATCH (c:CanonicalConcept {tenant_id: $tenant, canonical_name: link[0]})
+  MATCH (t:Topic {tenant_id: $tenant, topic_id: link[1]})
+  CALL (c) {
+    MATCH (c)-[m:MENTIONED_IN]->(:SectionContext {tenant_id: $tenant})
+    RETURN sum(coalesce(m.salience, 0.0)) AS mentions
+  }
+  RETURN c AS a, t AS b, $title_route * mentions AS weight, 'NAMES' AS type
 }
-WITH a, b, weight
+WITH a, b, weight, type
 WHERE weight > 0
 WITH gds.graph.project(
   $graph, a, b,
-  {relationshipProperties: {weight: weight}},
-  {undirectedRelationshipTypes: ['*']}
+  {relationshipProperties: {weight: weight}, relationshipType: type},
+  {undirectedRelationshipTypes: ['LINK']}
 ) AS g
 RETURN g.nodeCount AS nodes, g.relationshipCount AS relationships
 """
@@ -236,15 +245,20 @@ class GdsPageRank:
         self._projected.pop(tenant, None)
 
     async def sections(
-        self, tenant: str, seeds: Sequence[tuple[str, float]], limit: int
+        self,
+        tenant: str,
+        seeds: Sequence[tuple[str, float]],
+        limit: int,
+        title_links: Sequence[tuple[str, str]] = (),
     ) -> tuple[dict[str, float], dict[str, str]]:
         """The `limit` sections the walk from `seeds` (key, weight) reaches most, with their
-        documents."""
+        documents; `title_links` (concept key, topic key) are the tenant's concepts that name
+        a document (`propagation.title_links`), projected when the tenant is."""
         if not seeds:
             return {}, {}
         graph = graph_name(self._replica, tenant, "propagation")
         if tenant not in self._projected:
-            await self._project(tenant, graph)
+            await self._project(tenant, graph, title_links)
         if not self._projected[tenant]:
             return {}, {}
         rows = await self._read(
@@ -261,10 +275,14 @@ class GdsPageRank:
         documents = {str(r["context_id"]): str(r["document_id"] or "") for r in rows}
         return scores, documents
 
-    async def _project(self, tenant: str, graph: str) -> None:
+    async def _project(
+        self, tenant: str, graph: str, title_links: Sequence[tuple[str, str]]
+    ) -> None:
         await self._read(_DROP, graph=graph)
         rows = await self._read(
             _PROJECT_PROPAGATION,
+            title_links=[list(link) for link in title_links],
+            title_route=propagation.TITLE_ROUTE,
             tenant=tenant,
             graph=graph,
             types=RELATION_TYPES,

@@ -9,6 +9,13 @@ The walk runs on the graph of seed 001 §3, read as one undirected, weighted gra
 - topic — concept, for each `COVERS`, weighted by its confidence × `COVERS_SHARE`;
 - concept — topic of the same key (a document's title named as a concept in another's text),
   weight `SAME_KEY`;
+- concept → topic, one way, for a concept that names a document (`title_links`: the same key,
+  or a run of the concept's words that is a title, "north-west Iowa" naming Iowa), weighted
+  `TITLE_ROUTE` × the saliences of the concept's mentions: a walker at a concept goes to the
+  document it names three times in four, and to the other sections that mention it
+  otherwise. A bridge entity of a multi-hop question is most often a name written in the first
+  document that is the title of the second; without this edge a name mentioned in many sections
+  ("Kansas") sent almost all of its walk to those mentions and almost none to its article;
 - concept — concept, for each evidenced semantic relation (Pass 3; never one without evidence,
   invariant I2), weighted by its confidence × `RELATION_SHARE`.
 
@@ -57,7 +64,7 @@ from pml_common.embedding import Embedder
 from pml_common.tenant_cache import TenantCache
 from pml_search.evidence_plan import SUBSUMED_FACTOR, Seed
 from pml_search.knowledge_reads import GraphRows, KnowledgeReads
-from pml_search.seed_linking import Draft, NameIndex
+from pml_search.seed_linking import Draft, NameIndex, title_links
 
 log = structlog.get_logger(__name__)
 
@@ -76,6 +83,10 @@ TOPIC_SEED = 10.0
 TOPIC_SECTION = 1.0
 COVERS_SHARE = 0.5
 SAME_KEY = 1.0
+#: A concept naming a document sends this many times its mentions' weight to the document's
+#: topic (3: three walkers in four; 0.5, 1, 3 and 10 measured on the dev sets, see
+#: docs/benchmarks.md).
+TITLE_ROUTE = 3.0
 RELATION_SHARE = 1.0
 #: Nodes plus edges kept over all tenants (MuSiQue's 1,890 documents weigh about 10⁵).
 CACHE_MAX_WEIGHT = 2_000_000
@@ -155,10 +166,12 @@ def build_graph(rows: GraphRows) -> PropagationGraph:
     topics = {t: len(concepts) + i for i, t in enumerate(topic_keys)}
     first_section = len(concepts) + len(topics)
     edges = _Edges()
+    mentions = np.zeros(len(concepts), dtype=np.float64)
     for offset, section in enumerate(rows.sections):
         node = first_section + offset
         for key, salience in section.concepts.items():
             edges.add(concepts[key], node, salience)
+            mentions[concepts[key]] += max(salience, 0.0)
         for topic in section.topic_ids:
             edges.add(topics[topic], node, TOPIC_SECTION)
     for cover in rows.covers:
@@ -171,23 +184,29 @@ def build_graph(rows: GraphRows) -> PropagationGraph:
         edges.add(
             concepts[relation.source], concepts[relation.target], RELATION_SHARE * relation.weight
         )
-    walk = _transitions(edges, first_section + len(rows.sections))
+    routes = _Edges()
+    for key, topic in title_links(concepts, topics):
+        concept = concepts[key]
+        routes.add(topics[topic], concept, TITLE_ROUTE * float(mentions[concept]))
+    walk = _transitions(edges, first_section + len(rows.sections), routes)
     return PropagationGraph(
         concepts=concepts,
         topics=topics,
         sections=tuple(s.context_id for s in rows.sections),
         documents=tuple(s.document_id for s in rows.sections),
         walk=walk,
-        edges=len(edges.weights),
+        edges=len(edges.weights) + len(routes.weights),
     )
 
 
-def _transitions(edges: _Edges, size: int) -> sparse.csr_array:
-    """Column-stochastic matrix of the undirected graph: column j holds, for each neighbour i
-    of j, weight(i, j) / Σ weights of j (parallel edges add up)."""
-    rows = np.asarray(edges.rows + edges.cols, dtype=np.int64)
-    cols = np.asarray(edges.cols + edges.rows, dtype=np.int64)
-    weights = np.asarray(edges.weights + edges.weights, dtype=np.float64)
+def _transitions(edges: _Edges, size: int, one_way: _Edges | None = None) -> sparse.csr_array:
+    """Column-stochastic matrix of the graph: column j holds, for each neighbour i of j,
+    weight(i, j) / Σ weights of j (parallel edges add up). `edges` are walked both ways, each
+    of `one_way` from its second node (column) to its first (row) only."""
+    extra = one_way or _Edges()
+    rows = np.asarray(edges.rows + edges.cols + extra.rows, dtype=np.int64)
+    cols = np.asarray(edges.cols + edges.rows + extra.cols, dtype=np.int64)
+    weights = np.asarray(edges.weights + edges.weights + extra.weights, dtype=np.float64)
     adjacency = sparse.coo_array((weights, (rows, cols)), shape=(size, size)).tocsc()
     adjacency.sum_duplicates()
     degree = np.asarray(adjacency.sum(axis=0)).ravel()

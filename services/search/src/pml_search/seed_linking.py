@@ -13,7 +13,8 @@ graph, `pml_search.propagation`):
   drops its disambiguation: a question names "Frozen", whose article is "Frozen (2013 film)"
   (HotpotQA's titles are such). A named span is linked to every key it names so, besides its
   own key; any other span only to titles (a question may write "the monster trucks" for the
-  film "Monster Trucks (film)").
+  film "Monster Trucks (film)"). A span whose own key is a title gets no alias: the document
+  it names exactly is the one meant ("Audrey Williams", not "Audrey Williams (archaeologist)").
 - `FUZZY`: a named span of the question (a run of capitalised words, "Tikhaya Sosna") whose
   key is no concept is compared with every concept name by the cosine of their character
   trigrams weighted by inverse frequency (scipy.sparse, a few sparse rows per question); the
@@ -43,8 +44,9 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from scipy import sparse
@@ -201,6 +203,12 @@ class NameIndex:
         vectors = len(self.dense_names) * DENSE_NAME_WEIGHT
         return max(1, len(self.keys) + int(self._grams.nnz) + vectors)
 
+    @cached_property
+    def title_links(self) -> list[tuple[str, str]]:
+        """The tenant's concepts that name a document (`title_links`), for a GDS projection."""
+        concepts = [k for k in self.keys if self.types[k] != TOPIC_TYPE]
+        return title_links(concepts, self.titles)
+
     def with_vectors(self, vectors: np.ndarray) -> NameIndex:
         """Keeps the unit vectors of `dense_names` (row i: name i). In single precision: numpy
         has no BLAS product in half precision (25 times slower at 10,000 names)."""
@@ -298,7 +306,7 @@ class NameIndex:
                     Link(t, ALIAS, 1.0, text, start, end, self.types[t])
                     for form in _alias_forms(text)
                     for t in self.aliases.get(form, ())
-                    if t != key and t in self.titles
+                    if t != key and t in self.titles and key not in self.titles
                 ]
         return draft
 
@@ -322,6 +330,8 @@ class NameIndex:
         whole = (
             [Link(key, EXACT, 1.0, text, start, end, self.types[key])] if key in self.types else []
         )
+        if key in self.titles:  # a title named exactly is the document meant, not its namesakes
+            return whole
         targets = {t for form in _alias_forms(text) for t in self.aliases.get(form, ())}
         return whole + [
             Link(t, ALIAS, 1.0, text, start, end, self.types[t]) for t in sorted(targets - {key})
@@ -354,6 +364,28 @@ class NameIndex:
         if not fuzzy:
             unlinked.append((text, start, end))
         return fuzzy
+
+
+def title_links(concepts: Iterable[str], topics: Collection[str]) -> list[tuple[str, str]]:
+    """(concept, topic) pairs where the concept's key names a document: the topic of the same
+    key, else the longest runs of its words that are topic keys, left to right, not
+    overlapping ("north west iowa" names "iowa"; "west chicago high school" names "west
+    chicago" when that is a title, not also "chicago")."""
+    longest = max((len(t.split()) for t in topics), default=0)
+    links = []
+    for key in concepts:
+        if key in topics:
+            links.append((key, key))
+            continue
+        words = key.split()
+        taken = [False] * len(words)
+        for size in range(min(longest, len(words) - 1), 0, -1):
+            for start in range(len(words) - size + 1):
+                run = " ".join(words[start : start + size])
+                if run in topics and not any(taken[start : start + size]):
+                    links.append((key, run))
+                    taken[start : start + size] = [True] * size
+    return links
 
 
 def _tokens(question: str) -> list[_Token]:
