@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import neo4j
+import numpy as np
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -24,8 +25,16 @@ from pml_common.events import ChunkPayload
 from pml_common.settings import Settings
 from pml_common.telemetry import setup_telemetry
 from pml_search.chunk_index import ChunkIndex
+from pml_search.evidence_plan import PPR_FUSION, EvidencePlan
 from pml_search.gds import GdsPaths
-from pml_search.knowledge import CYPHER, GDS_YEN, KnowledgeEngine, invariant_violations
+from pml_search.knowledge import (
+    CYPHER,
+    GDS_YEN,
+    MIN_PLAN_CHUNKS,
+    PLAN_CHUNKS_PER_K,
+    KnowledgeEngine,
+    invariant_violations,
+)
 from pml_search.paths import Mode
 
 QUESTION = (
@@ -366,6 +375,40 @@ async def test_chunks_from_outside_a_short_plan_are_counted_and_never_weighted(
     assert all(c.plan_weight == 0 for c in outside)
     assert every.chunks[-len(outside) :] == outside  # after every chunk of the plan
     assert invariant_violations(every) == []
+
+
+async def test_every_chunk_of_the_plan_is_weighed_not_only_the_nearest(
+    engine: KnowledgeEngine, tenant: str
+) -> None:
+    # 80 planned sections near the question by cosine, and the plan's heaviest far from it:
+    # more than the plan chunks a question of k = 2 reads by cosine alone (MIN_PLAN_CHUNKS)
+    near = {
+        f"near{i}": f"Clause {i} of the service contract sets when the contract is signed."
+        for i in range(80)
+    }
+    chunks = {**near, "far": "Zebras graze quietly at dawn on the savannah."}
+    await engine.chunks.index_documents(
+        tenant,
+        {
+            doc: [
+                ChunkPayload(
+                    chunk_id=doc,
+                    context_id=doc,
+                    section_path="",
+                    text=text,
+                    char_start=0,
+                    char_end=len(text),
+                )
+            ]
+            for doc, text in chunks.items()
+        },
+    )
+    assert len(chunks) > max(MIN_PLAN_CHUNKS, PLAN_CHUNKS_PER_K * 2)
+    plan = EvidencePlan(weights={**dict.fromkeys(near, 0.01), "far": 1.0}, fusion=PPR_FUSION)
+    (vector,) = await engine.chunks.embedder.embed_queries(["When is the service contract signed?"])
+    ranked = await engine._evidence_chunks(tenant, np.asarray(vector), 2, plan)
+    assert ranked[0].hit.chunk_id == "far" and ranked[0].plan_weight == 1.0
+    assert ranked[0].semantic < min(c.semantic for c in ranked[1:])
 
 
 @pytest.mark.parametrize("method", ["", "graph-ppr"])

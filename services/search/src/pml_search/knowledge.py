@@ -61,7 +61,11 @@ METHODS = (GRAPH_FIRST, VECTOR, GRAPH_PPR)
 GRAPH_METHODS = (GRAPH_FIRST, GRAPH_PPR)
 #: Seeds whose pairs are searched for paths (the strongest with semantic relations).
 PATH_SEEDS = 6
-#: Chunks of the plan's sections scored per requested chunk (and at least `MIN_PLAN_CHUNKS`).
+#: Chunks of the plan's sections scored: up to `CHUNKS_PER_PLAN_SECTION` per section, and at
+#: least `PLAN_CHUNKS_PER_K` per requested chunk and `MIN_PLAN_CHUNKS`. A chunk's plan weight
+#: can outweigh its cosine, so a plan chunk left out for its cosine alone could have ranked
+#: first.
+CHUNKS_PER_PLAN_SECTION = 4
 PLAN_CHUNKS_PER_K = 8
 MIN_PLAN_CHUNKS = 64
 GDS_YEN = "gds-yen"
@@ -252,7 +256,8 @@ class KnowledgeEngine:
         limit = planning.PPR_SECTIONS
         if self.gds_pagerank is not None and await self.gds.available():
             weighted = restart_weights(seeds)
-            walked, documents = await self.gds_pagerank.sections(tenant, weighted, limit)
+            links = (await self.propagation.names(tenant)).title_links
+            walked, documents = await self.gds_pagerank.sections(tenant, weighted, limit, links)
             return walked, documents, GDS_PAGERANK
         walked, documents = await self.propagation.sections(tenant, seeds, limit)
         return walked, documents, SCIPY
@@ -288,7 +293,8 @@ class KnowledgeEngine:
     ) -> list[RankedChunk]:
         ranked: list[RankedChunk] = []
         if plan:
-            limit = max(MIN_PLAN_CHUNKS, PLAN_CHUNKS_PER_K * k)
+            sections = CHUNKS_PER_PLAN_SECTION * len(plan.weights)
+            limit = max(MIN_PLAN_CHUNKS, PLAN_CHUNKS_PER_K * k, sections)
             hits = await self.chunks.search(tenant, vector, limit, context_ids=plan.ordered())
             ranked = [
                 RankedChunk(
