@@ -2,7 +2,8 @@
 
 The `graph-ppr` method of Ask (issue 14, item 1) ranks a tenant's SectionContexts by a random
 walk that starts from the question's seed concepts, as HippoRAG does over its passage graph.
-The walk runs on the graph of seed 001 §3, read as one undirected, weighted graph:
+The walk runs on the graph of seed 001 §3, read as one weighted graph, undirected but for
+the title routes:
 
 - concept — section, for each `MENTIONED_IN`, weighted by the mention's salience;
 - topic — section, for a section under a topic (its `topic_ids`), weight `TOPIC_SECTION`;
