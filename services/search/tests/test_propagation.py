@@ -47,6 +47,7 @@ from pml_search.propagation import (
     restart_vector,
     restart_weights,
 )
+from pml_search.seed_linking import NameRow, title_forms
 
 from .planted import Doc, index, plant
 
@@ -169,6 +170,31 @@ def test_a_concept_whose_words_hold_a_title_names_that_document() -> None:
     held = graph.concepts["ford county kansas"]
     assert walk[graph.topics["kansas"], held] == pytest.approx(TITLE_ROUTE / (TITLE_ROUTE + 1))
     assert walk[graph.topics["kansas"], held] > 0.7
+
+
+def test_a_concept_names_a_document_by_its_bare_title_given_the_forms() -> None:
+    rows = GraphRows(
+        sections=[
+            SectionRow("bio", "d-bio", (), {"west chicago high school": 0.6}),
+            SectionRow("city", "d-city", ("west chicago illinois",), {"dupage county": 0.5}),
+        ],
+        covers=[],
+        relations=[],
+    )
+    school = "west chicago high school"
+    forms = title_forms({"west chicago illinois": ["West Chicago, Illinois"]})
+    routed = build_graph(rows, forms)
+    assert (
+        routed.walk.toarray()[routed.topics["west chicago illinois"], routed.concepts[school]] > 0.7
+    )
+    # by default a concept names a document by the topic's key only
+    keys_only = build_graph(rows)
+    assert (
+        keys_only.walk.toarray()[
+            keys_only.topics["west chicago illinois"], keys_only.concepts[school]
+        ]
+        == 0
+    )
 
 
 def test_the_walk_goes_from_a_document_to_the_one_its_text_names() -> None:
@@ -365,6 +391,9 @@ class CountingReads:
     async def graph(self, tenant: str) -> GraphRows:
         self.graph_reads += 1
         return await self._reads.graph(tenant)
+
+    async def names(self, tenant: str) -> list[NameRow]:
+        return await self._reads.names(tenant)
 
 
 # --- GDS pageRank, on rows shaped like the plugin's ------------------------------------------

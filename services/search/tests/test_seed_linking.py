@@ -32,6 +32,7 @@ from pml_search.seed_linking import (
     TOPIC_TYPE,
     NameIndex,
     NameRow,
+    title_forms,
     title_links,
 )
 
@@ -104,19 +105,42 @@ def test_a_title_named_exactly_links_no_namesake_by_alias() -> None:
     assert links_of("Who sang in Frozen?")["frozen 2013 film"] == (ALIAS, "Frozen", False)
 
 
+def test_title_forms_are_the_keys_and_the_bare_titles_that_name_one_document() -> None:
+    forms = title_forms(
+        {
+            "west chicago illinois": ["West Chicago, Illinois"],
+            "dear brother hank william song": ["Dear Brother (Hank Williams song)"],
+            "frozen 2013 film": ["Frozen (2013 film)"],
+            "frozen 1997 film": ["Frozen (1997 film)"],
+            "iowa": ["Iowa"],
+            "iowa film": ["Iowa (film)"],
+        }
+    )
+    assert forms["west chicago"] == "west chicago illinois"  # the place without its state
+    assert forms["dear brother"] == "dear brother hank william song"
+    assert "frozen" not in forms  # the bare title of two documents names neither
+    assert forms["iowa"] == "iowa"  # a title's own key is never another title's bare form
+    assert forms["iowa film"] == "iowa film"
+
+
 def test_title_links_find_the_documents_a_concept_names() -> None:
-    topics = {"iowa", "west chicago", "chicago", "kansas", "dodge city kansas"}
+    forms = title_forms(
+        {t: [t.title()] for t in ("iowa", "west chicago", "chicago", "kansas")}
+        | {"dodge city kansas": ["Dodge City, Kansas"]}
+    )
     concepts = ["kansas", "north west iowa", "west chicago high school", "river", "iowa kansas"]
-    assert title_links(concepts, topics) == [
+    assert title_links(concepts, forms) == [
         ("kansas", "kansas"),  # the same key
         ("north west iowa", "iowa"),  # a run of its words
         ("west chicago high school", "west chicago"),  # the longest run, not also "chicago"
         ("iowa kansas", "iowa"),  # two runs that do not overlap
         ("iowa kansas", "kansas"),
     ]
-    assert title_links(["dodge city"], topics) == []  # a part of a title names nothing
+    # a bare title names its document; a part of one names nothing
+    assert title_links(["dodge city", "dodge"], forms) == [("dodge city", "dodge city kansas")]
     # the index keeps the pairs of its concepts (not of its topics, which name themselves)
     assert ("audrey william", "audrey william") in NAMES.title_links
+    assert ("frozen", "frozen 2013 film") in NAMES.title_links  # bare, of one title here
     assert all(concept != "audrey william archaeologist" for concept, _ in NAMES.title_links)
 
 

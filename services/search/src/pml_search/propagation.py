@@ -10,8 +10,10 @@ the title routes:
 - topic — concept, for each `COVERS`, weighted by its confidence × `COVERS_SHARE`;
 - concept — topic of the same key (a document's title named as a concept in another's text),
   weight `SAME_KEY`;
-- concept → topic, one way, for a concept that names a document (`title_links`: the same key,
-  or a run of the concept's words that is a title, "north-west Iowa" naming Iowa), weighted
+- concept → topic, one way, for a concept that names a document (`title_links`: its key, or
+  a run of its words, is a title or a title's bare form: "north-west Iowa" names Iowa, "West
+  Chicago High School" names "West Chicago, Illinois"; the forms come from the tenant's name
+  index, `NameIndex.title_forms`), weighted
   `TITLE_ROUTE` × the saliences of the concept's mentions: a walker at a concept goes to the
   document it names three times in four, and to the other sections that mention it
   otherwise. A bridge entity of a multi-hop question is most often a name written in the first
@@ -153,8 +155,10 @@ class _Edges:
             self.weights.append(weight)
 
 
-def build_graph(rows: GraphRows) -> PropagationGraph:
-    """The transition matrix of a tenant's graph from its rows (see `KnowledgeReads.graph`)."""
+def build_graph(rows: GraphRows, forms: Mapping[str, str] | None = None) -> PropagationGraph:
+    """The transition matrix of a tenant's graph from its rows (see `KnowledgeReads.graph`);
+    `forms` say how a concept may name a document (`NameIndex.title_forms`; by default a
+    topic's key only)."""
     concept_keys = sorted(
         {k for s in rows.sections for k in s.concepts}
         | {k for c in rows.covers for k in c.concepts}
@@ -186,7 +190,8 @@ def build_graph(rows: GraphRows) -> PropagationGraph:
             concepts[relation.source], concepts[relation.target], RELATION_SHARE * relation.weight
         )
     routes = _Edges()
-    for key, topic in title_links(concepts, topics):
+    named = {f: t for f, t in (forms or {t: t for t in topics}).items() if t in topics}
+    for key, topic in title_links(concepts, named):
         concept = concepts[key]
         routes.add(topics[topic], concept, TITLE_ROUTE * float(mentions[concept]))
     walk = _transitions(edges, first_section + len(rows.sections), routes)
@@ -438,7 +443,8 @@ class Propagation:
 
     async def _load(self, tenant: str) -> PropagationGraph:
         rows = await self._reads.graph(tenant)
-        graph = await asyncio.to_thread(build_graph, rows)
+        forms = (await self.names(tenant)).title_forms
+        graph = await asyncio.to_thread(build_graph, rows, forms)
         log.info(
             "knowledge.propagation_graph_read",
             tenant=tenant,

@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -85,6 +85,8 @@ NAME_CONNECTORS = frozenset(
 COORDINATORS = frozenset({"and", "or", "y", "et", "und"})
 # A title's disambiguation: "Frozen (2013 film)", "Richard Wright (author)".
 _DISAMBIGUATION = re.compile(r"\s*\([^()]*\)\s*$")
+# A title's qualifier: its disambiguation, or the place after a comma ("West Chicago, Illinois").
+_QUALIFIER = re.compile(r"\s*(?:\([^()]*\)|,[^,]*)\s*$")
 # A word of the question with its inner apostrophes, hyphens and dots ("It'll", "U.S.").
 _TOKEN = re.compile(r"[^\W_]+(?:['’.\-][^\W_]+)*")
 
@@ -180,6 +182,8 @@ class NameIndex:
             if row.entity_type == TOPIC_TYPE:
                 self.titles.add(row.key)
         self.keys = sorted(self.types)
+        #: how a concept may name a document (`title_forms`): a title form -> the title's key
+        self.title_forms = title_forms({k: names[k] for k in self.titles})
         #: alias form -> the keys whose names have it (a name can be ambiguous: "Frozen").
         self.aliases: dict[str, list[str]] = defaultdict(list)
         for key in self.keys:
@@ -207,7 +211,7 @@ class NameIndex:
     def title_links(self) -> list[tuple[str, str]]:
         """The tenant's concepts that name a document (`title_links`), for a GDS projection."""
         concepts = [k for k in self.keys if self.types[k] != TOPIC_TYPE]
-        return title_links(concepts, self.titles)
+        return title_links(concepts, self.title_forms)
 
     def with_vectors(self, vectors: np.ndarray) -> NameIndex:
         """Keeps the unit vectors of `dense_names` (row i: name i). In single precision: numpy
@@ -366,24 +370,42 @@ class NameIndex:
         return fuzzy
 
 
-def title_links(concepts: Iterable[str], topics: Collection[str]) -> list[tuple[str, str]]:
-    """(concept, topic) pairs where the concept's key names a document: the topic of the same
-    key, else the longest runs of its words that are topic keys, left to right, not
-    overlapping ("north west iowa" names "iowa"; "west chicago high school" names "west
-    chicago" when that is a title, not also "chicago")."""
-    longest = max((len(t.split()) for t in topics), default=0)
+def title_forms(titles: Mapping[str, Sequence[str]]) -> dict[str, str]:
+    """How a concept's key may name a document (title key -> its names): each title's key,
+    and its bare form (the key of its name without the qualifier: "West Chicago, Illinois" is
+    also "west chicago", "Dear Brother (Hank Williams song)" also "dear brother") when that is
+    no title's key and the bare form of no other title (a bare "Frozen" of two films names
+    neither)."""
+    forms = {key: key for key in titles}
+    bare: dict[str, set[str]] = defaultdict(set)
+    for key, names in titles.items():
+        for name in names:
+            form = canonical_key(_QUALIFIER.sub("", name))
+            if form and form not in forms:
+                bare[form].add(key)
+    forms.update({form: next(iter(keys)) for form, keys in bare.items() if len(keys) == 1})
+    return forms
+
+
+def title_links(concepts: Iterable[str], forms: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(concept, topic) pairs where the concept's key names a document (`forms`: a title form
+    -> its title's key, see `title_forms`): the whole key, else the longest runs of its words
+    that are title forms, left to right, not overlapping ("north west iowa" names "iowa";
+    "west chicago high school" names "west chicago" when that is a title, not also
+    "chicago")."""
+    longest = max((len(t.split()) for t in forms), default=0)
     links = []
     for key in concepts:
-        if key in topics:
-            links.append((key, key))
+        if key in forms:
+            links.append((key, forms[key]))
             continue
         words = key.split()
         taken = [False] * len(words)
         for size in range(min(longest, len(words) - 1), 0, -1):
             for start in range(len(words) - size + 1):
                 run = " ".join(words[start : start + size])
-                if run in topics and not any(taken[start : start + size]):
-                    links.append((key, run))
+                if run in forms and not any(taken[start : start + size]):
+                    links.append((key, forms[run]))
                     taken[start : start + size] = [True] * size
     return links
 
