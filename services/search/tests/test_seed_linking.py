@@ -57,6 +57,7 @@ NAMES = NameIndex(
         NameRow("frozen", "frozen", CONCEPT_TYPE),
         NameRow("monster truck film", "Monster Trucks (film)", TOPIC_TYPE),
         NameRow("monster truck", "monster trucks", CONCEPT_TYPE),
+        NameRow("rochester new york", "Rochester, New York", TOPIC_TYPE),
         NameRow("audrey william", "Audrey Williams", TOPIC_TYPE),
         NameRow("audrey william", "Audrey Williams", "PERSON"),
         NameRow("audrey william archaeologist", "Audrey Williams (archaeologist)", TOPIC_TYPE),
@@ -92,6 +93,12 @@ def test_a_title_is_linked_without_its_disambiguation_besides_the_key() -> None:
     links = links_of("Where are the monster trucks set?")
     assert links["monster truck film"] == (ALIAS, "monster trucks", False)
     assert links["monster truck"] == (EXACT, "monster trucks", False)
+    # a place is named without its state
+    assert links_of("Which part of the state is Rochester in?")["rochester new york"] == (
+        ALIAS,
+        "Rochester",
+        False,
+    )
     # but only titles: a concept's name is no alias of a lower-case span
     assert "spiderman" not in links_of("Who drew spider-man?")
 

@@ -10,11 +10,12 @@ graph, `pml_search.propagation`):
   made of function words loses them in its key ("It'll Be Me" has the key "ll", shared with
   every "we'll"); its alias keeps them ("it ll be me"), and so does its spacing ("Spider-Man"
   and "Spiderman" share the alias "spiderman" written without spaces). A title's alias also
-  drops its disambiguation: a question names "Frozen", whose article is "Frozen (2013 film)"
-  (HotpotQA's titles are such). A named span is linked to every key it names so, besides its
-  own key; any other span only to titles (a question may write "the monster trucks" for the
-  film "Monster Trucks (film)"). A span whose own key is a title gets no alias: the document
-  it names exactly is the one meant ("Audrey Williams", not "Audrey Williams (archaeologist)").
+  drops its qualifier: a question names "Frozen", whose article is "Frozen (2013 film)"
+  (HotpotQA's titles are such), or "Rochester" for "Rochester, New York". A named span is
+  linked to every key it names so, besides its own key; any other span only to titles (a
+  question may write "the monster trucks" for the film "Monster Trucks (film)"). A span whose
+  own key is a title gets no alias: the document it names exactly is the one meant ("Audrey
+  Williams", not "Audrey Williams (archaeologist)").
 - `FUZZY`: a named span of the question (a run of capitalised words, "Tikhaya Sosna") whose
   key is no concept is compared with every concept name by the cosine of their character
   trigrams weighted by inverse frequency (scipy.sparse, a few sparse rows per question); the
@@ -83,9 +84,8 @@ NAME_CONNECTORS = frozenset(
 
 #: Connectors that join two names rather than words of one name.
 COORDINATORS = frozenset({"and", "or", "y", "et", "und"})
-# A title's disambiguation: "Frozen (2013 film)", "Richard Wright (author)".
-_DISAMBIGUATION = re.compile(r"\s*\([^()]*\)\s*$")
-# A title's qualifier: its disambiguation, or the place after a comma ("West Chicago, Illinois").
+# A title's qualifier: its disambiguation ("Frozen (2013 film)", "Richard Wright (author)"),
+# or the place after a comma ("West Chicago, Illinois").
 _QUALIFIER = re.compile(r"\s*(?:\([^()]*\)|,[^,]*)\s*$")
 # A word of the question with its inner apostrophes, hyphens and dots ("It'll", "U.S.").
 _TOKEN = re.compile(r"[^\W_]+(?:['’.\-][^\W_]+)*")
@@ -433,9 +433,10 @@ def _parts(tokens: Sequence[_Token], start: int, end: int) -> list[tuple[int, in
 
 def _alias_forms(name: str) -> list[str]:
     """A name's words with function words ("it ll be me"), the same without spaces, and both
-    without a trailing disambiguation in brackets ("Frozen (2013 film)" is also "frozen")."""
+    without the name's qualifier: a disambiguation in brackets ("Frozen (2013 film)" is also
+    "frozen") or a place after a comma ("Rochester, New York" is also "rochester")."""
     forms = []
-    for text in (name, _DISAMBIGUATION.sub("", name)):
+    for text in (name, _QUALIFIER.sub("", name)):
         spaced = alias_of(text)
         if spaced:
             forms += [spaced, spaced.replace(" ", "")]
