@@ -19,7 +19,9 @@ tenant's semantic graph; without the plugin, `KnowledgeReads.cypher_paths` is th
 `GdsPageRank` is the plugin's side of `pml_search.propagation` (method `graph-ppr`): a second
 projection per tenant and replica, the concept ↔ section graph with the edge weights of
 `propagation` (mentions by salience, topics over their sections, `COVERS`, a concept and the
-topic of its key, evidenced relations), undirected; then `gds.pageRank.stream` with
+topic of its key, evidenced relations) as the undirected type `LINK`, and the title routes (a
+concept to the document it names, `NameIndex.title_links`) as the one-way type `NAMES`; then
+`gds.pageRank.stream` with
 `sourceNodes` as [node, weight] pairs (each seed's specificity, shared between its concept and
 its topic) and the damping of `propagation`; the best sections are mapped back to context ids
 in the same query. It is dropped and projected again when the tenant's graph changes (any pass
@@ -253,7 +255,7 @@ class GdsPageRank:
     ) -> tuple[dict[str, float], dict[str, str]]:
         """The `limit` sections the walk from `seeds` (key, weight) reaches most, with their
         documents; `title_links` (concept key, topic key) are the tenant's concepts that name
-        a document (`propagation.title_links`), projected when the tenant is."""
+        a document (`NameIndex.title_links`), projected when the tenant is."""
         if not seeds:
             return {}, {}
         graph = graph_name(self._replica, tenant, "propagation")
