@@ -47,7 +47,7 @@ from pml_search.propagation import (
     restart_vector,
     restart_weights,
 )
-from pml_search.seed_linking import NameRow, title_forms
+from pml_search.seed_linking import NameRow, title_forms, title_links
 
 from .planted import Doc, index, plant
 
@@ -183,7 +183,7 @@ def test_a_concept_names_a_document_by_its_bare_title_given_the_forms() -> None:
     )
     school = "west chicago high school"
     forms = title_forms({"west chicago illinois": ["West Chicago, Illinois"]})
-    routed = build_graph(rows, forms)
+    routed = build_graph(rows, title_links([school], forms))
     assert (
         routed.walk.toarray()[routed.topics["west chicago illinois"], routed.concepts[school]] > 0.7
     )

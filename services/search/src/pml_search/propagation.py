@@ -12,13 +12,13 @@ the title routes:
   weight `SAME_KEY`;
 - concept → topic, one way, for a concept that names a document (`title_links`: its key, or
   a run of its words, is a title or a title's bare form: "north-west Iowa" names Iowa, "West
-  Chicago High School" names "West Chicago, Illinois"; the forms come from the tenant's name
-  index, `NameIndex.title_forms`), weighted
-  `TITLE_ROUTE` × the saliences of the concept's mentions: a walker at a concept goes to the
-  document it names three times in four, and to the other sections that mention it
-  otherwise. A bridge entity of a multi-hop question is most often a name written in the first
-  document that is the title of the second; without this edge a name mentioned in many sections
-  ("Kansas") sent almost all of its walk to those mentions and almost none to its article;
+  Chicago High School" names "West Chicago, Illinois"; the links come from the tenant's name
+  index, `NameIndex.title_links`), weighted `TITLE_ROUTE` × the saliences of the concept's
+  mentions: a walker at a concept goes to the document it names three times in four, and to
+  the other sections that mention it otherwise. A bridge entity of a multi-hop question is
+  most often a name written in the first document that is the title of the second; without
+  this edge a name mentioned in many sections ("Kansas") sent almost all of its walk to those
+  mentions and almost none to its article;
 - concept — concept, for each evidenced semantic relation (Pass 3; never one without evidence,
   invariant I2), weighted by its confidence × `RELATION_SHARE`.
 
@@ -155,10 +155,12 @@ class _Edges:
             self.weights.append(weight)
 
 
-def build_graph(rows: GraphRows, forms: Mapping[str, str] | None = None) -> PropagationGraph:
+def build_graph(
+    rows: GraphRows, links: Iterable[tuple[str, str]] | None = None
+) -> PropagationGraph:
     """The transition matrix of a tenant's graph from its rows (see `KnowledgeReads.graph`);
-    `forms` say how a concept may name a document (`NameIndex.title_forms`; by default a
-    topic's key only)."""
+    `links` are its concepts that name a document (`NameIndex.title_links`; by default those
+    that name one by a topic's key)."""
     concept_keys = sorted(
         {k for s in rows.sections for k in s.concepts}
         | {k for c in rows.covers for k in c.concepts}
@@ -190,10 +192,12 @@ def build_graph(rows: GraphRows, forms: Mapping[str, str] | None = None) -> Prop
             concepts[relation.source], concepts[relation.target], RELATION_SHARE * relation.weight
         )
     routes = _Edges()
-    named = {f: t for f, t in (forms or {t: t for t in topics}).items() if t in topics}
-    for key, topic in title_links(concepts, named):
-        concept = concepts[key]
-        routes.add(topics[topic], concept, TITLE_ROUTE * float(mentions[concept]))
+    if links is None:
+        links = title_links(concepts, {t: t for t in topics})
+    for key, topic in links:
+        if key in concepts and topic in topics:  # the names may be read apart from the graph
+            concept = concepts[key]
+            routes.add(topics[topic], concept, TITLE_ROUTE * float(mentions[concept]))
     walk = _transitions(edges, first_section + len(rows.sections), routes)
     return PropagationGraph(
         concepts=concepts,
@@ -443,8 +447,8 @@ class Propagation:
 
     async def _load(self, tenant: str) -> PropagationGraph:
         rows = await self._reads.graph(tenant)
-        forms = (await self.names(tenant)).title_forms
-        graph = await asyncio.to_thread(build_graph, rows, forms)
+        links = (await self.names(tenant)).title_links
+        graph = await asyncio.to_thread(build_graph, rows, links)
         log.info(
             "knowledge.propagation_graph_read",
             tenant=tenant,

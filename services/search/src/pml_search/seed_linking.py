@@ -47,7 +47,6 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import numpy as np
 from scipy import sparse
@@ -182,8 +181,12 @@ class NameIndex:
             if row.entity_type == TOPIC_TYPE:
                 self.titles.add(row.key)
         self.keys = sorted(self.types)
-        #: how a concept may name a document (`title_forms`): a title form -> the title's key
-        self.title_forms = title_forms({k: names[k] for k in self.titles})
+        #: (concept, topic) pairs where the concept names a document (`title_links`): the walk's
+        #: title routes, scipy's and GDS's alike, computed once with the index
+        self.title_links = title_links(
+            [k for k in self.keys if self.types[k] != TOPIC_TYPE],
+            title_forms({k: names[k] for k in self.titles}),
+        )
         #: alias form -> the keys whose names have it (a name can be ambiguous: "Frozen").
         self.aliases: dict[str, list[str]] = defaultdict(list)
         for key in self.keys:
@@ -205,13 +208,7 @@ class NameIndex:
         """Its cost in a cache: names plus stored trigrams, and its name vectors (counted
         before they are computed: they may arrive after the index is cached)."""
         vectors = len(self.dense_names) * DENSE_NAME_WEIGHT
-        return max(1, len(self.keys) + int(self._grams.nnz) + vectors)
-
-    @cached_property
-    def title_links(self) -> list[tuple[str, str]]:
-        """The tenant's concepts that name a document (`title_links`), for a GDS projection."""
-        concepts = [k for k in self.keys if self.types[k] != TOPIC_TYPE]
-        return title_links(concepts, self.title_forms)
+        return max(1, len(self.keys) + int(self._grams.nnz) + vectors + len(self.title_links))
 
     def with_vectors(self, vectors: np.ndarray) -> NameIndex:
         """Keeps the unit vectors of `dense_names` (row i: name i). In single precision: numpy
@@ -308,9 +305,7 @@ class NameIndex:
                     draft.found.append(Link(key, EXACT, 1.0, text, start, end, self.types[key]))
                 draft.found += [
                     Link(t, ALIAS, 1.0, text, start, end, self.types[t])
-                    for form in _alias_forms(text)
-                    for t in self.aliases.get(form, ())
-                    if t != key and t in self.titles and key not in self.titles
+                    for t in self._aliases(text, key, titles_only=True)
                 ]
         return draft
 
@@ -334,12 +329,19 @@ class NameIndex:
         whole = (
             [Link(key, EXACT, 1.0, text, start, end, self.types[key])] if key in self.types else []
         )
-        if key in self.titles:  # a title named exactly is the document meant, not its namesakes
-            return whole
-        targets = {t for form in _alias_forms(text) for t in self.aliases.get(form, ())}
         return whole + [
-            Link(t, ALIAS, 1.0, text, start, end, self.types[t]) for t in sorted(targets - {key})
+            Link(t, ALIAS, 1.0, text, start, end, self.types[t])
+            for t in self._aliases(text, key, titles_only=False)
         ]
+
+    def _aliases(self, text: str, key: str, titles_only: bool) -> list[str]:
+        """The keys `text` names by alias besides its own `key` (only titles if `titles_only`);
+        none when `key` is a title: the document named exactly is the one meant, not its
+        namesakes."""
+        if key in self.titles:
+            return []
+        found = {t for form in _alias_forms(text) for t in self.aliases.get(form, ())} - {key}
+        return sorted(t for t in found if t in self.titles or not titles_only)
 
     def _named(
         self,
