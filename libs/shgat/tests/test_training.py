@@ -52,3 +52,25 @@ def test_failures_lower_the_score_of_the_failed_path() -> None:
         trainer.step(make_batch(examples, h, rng))
     after = ServingModel(config, trainer.params, h).predict_path_success(query.intent, query.tools)
     assert after < before - 0.1, (before, after)
+
+
+def _distance_from_untrained(anchor_pull: float, steps: int) -> float:
+    """How far training on one execution, replayed `steps` times, moves the parameters."""
+    task = synthetic_task(tools=20, capabilities=8, meta_capabilities=0, dim=16, seed=3)
+    h = task.hierarchy()
+    config = make_config(h.dim, 16, h.num_nodes)
+    untrained = init_params(config, h.features, h.num_levels)
+    trainer = ShgatTrainer(config, untrained, h, anchor_pull=anchor_pull)
+    query, rng = task.train[0], np.random.default_rng(0)
+    for _ in range(steps):
+        examples = path_examples(h, query.intent, query.tools, 1.0, 1.0, query.capability)
+        trainer.step(make_batch(examples, h, rng))
+    return float(np.sqrt(sum(np.sum((trainer.params[k] - untrained[k]) ** 2) for k in untrained)))
+
+
+def test_the_anchor_pull_keeps_a_replayed_model_nearer_the_untrained_one() -> None:
+    free = [_distance_from_untrained(0.0, n) for n in (100, 400)]
+    pulled = [_distance_from_untrained(0.01, n) for n in (100, 400)]
+    assert pulled[1] < 0.75 * free[1], (pulled, free)
+    # and the 300 more replays move it less (deterministic: seeded draws)
+    assert pulled[1] - pulled[0] < 0.6 * (free[1] - free[0]), (pulled, free)

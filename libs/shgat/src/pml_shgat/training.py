@@ -4,6 +4,14 @@ One example per node of an executed path (seed 000, story 11.6): the intent shou
 node at the run's outcome (1 success, 0 failure). Each example also draws negatives of the same
 kind (tools for a tool, capabilities for a capability) that the intent should score low, which
 is what teaches ranking. Examples carry the importance weight of the trace they come from (PER).
+
+Every step also pulls each parameter a fraction `ANCHOR_PULL` of the way back to the untrained
+model's (`init_params` of the current hierarchy: the ranking the first stage and the hierarchy
+give without learning). The trainer replays a small buffer round after round, each round
+continuing from the serving model, so the steps a model has taken grow with the rounds, not with
+what the tenant executed; without the pull, trained further it recalled its training executions
+better and ranked new requests worse (docs/benchmarks.md). The pull bounds how far the model
+can drift from the untrained ranking, whatever the number of rounds.
 """
 
 from __future__ import annotations
@@ -20,9 +28,12 @@ from numpy.typing import NDArray
 
 from pml_shgat.forward import Array, Backend, numpy_segment_sum, propagate
 from pml_shgat.hierarchy import Hierarchy, normalise_rows
-from pml_shgat.params import Params, ShgatConfig, ensure_levels
+from pml_shgat.params import Params, ShgatConfig, ensure_levels, init_params, num_levels
 
 NEGATIVES_PER_EXAMPLE = 8
+#: Fraction of the way back to the untrained parameters each step moves every parameter
+#: (decoupled from the gradient, as AdamW's weight decay, but toward the untrained model, not 0).
+ANCHOR_PULL = 0.01
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 #: Gradients are clipped to this global norm: a rare huge TD error must not wreck the model.
@@ -131,13 +142,21 @@ class ShgatTrainer:
     params: Params
     hierarchy: Hierarchy
     learning_rate: float = 0.003
+    anchor_pull: float = ANCHOR_PULL
     _moments: dict[str, tuple[NDArray[np.float64], NDArray[np.float64]]] = field(
         default_factory=dict
     )
     _steps: int = 0
+    _anchor: Params = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.anchor_pull < 1.0:
+            raise ValueError("anchor_pull must be in [0, 1)")
         self.params = ensure_levels(self.params, self.config, self.hierarchy.num_levels)
+        if self.anchor_pull:
+            untrained = init_params(self.config, self.hierarchy.features, 0)
+            # the levels a model has beyond this hierarchy's are anchored at their own start
+            self._anchor = ensure_levels(untrained, self.config, num_levels(self.params))
 
     def step(self, batch: Batch) -> StepStats:
         value, grads = value_and_grad(loss)(self.params, self.hierarchy, self.config, batch)
@@ -160,4 +179,7 @@ class ShgatTrainer:
         self._moments[name] = (m, v)
         m_hat = m / (1 - b1**self._steps)
         v_hat = v / (1 - b2**self._steps)
-        return np.asarray(value - self.learning_rate * m_hat / (np.sqrt(v_hat) + ADAM_EPS))
+        stepped = value - self.learning_rate * m_hat / (np.sqrt(v_hat) + ADAM_EPS)
+        if self.anchor_pull:
+            stepped -= self.anchor_pull * (stepped - self._anchor[name])
+        return np.asarray(stepped)
