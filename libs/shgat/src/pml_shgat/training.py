@@ -10,8 +10,8 @@ model's (`init_params` of the current hierarchy: the ranking the first stage and
 give without learning). The trainer replays a small buffer round after round, each round
 continuing from the serving model, so the steps a model has taken grow with the rounds, not with
 what the tenant executed; without the pull, trained further it recalled its training executions
-better and ranked new requests worse (docs/benchmarks.md). The pull bounds how far the model
-can drift from the untrained ranking, whatever the number of rounds.
+better and ranked new requests worse (docs/benchmarks.md). The pull holds each parameter
+within about `learning_rate / ANCHOR_PULL` of its untrained value, however many rounds run.
 """
 
 from __future__ import annotations
