@@ -74,3 +74,20 @@ def test_the_anchor_pull_keeps_a_replayed_model_nearer_the_untrained_one() -> No
     assert pulled[1] < 0.75 * free[1], (pulled, free)
     # and the 300 more replays move it less (deterministic: seeded draws)
     assert pulled[1] - pulled[0] < 0.6 * (free[1] - free[0]), (pulled, free)
+
+
+def test_the_anchor_keeps_the_sign_a_model_started_from() -> None:
+    """A model whose key directions started the other way round is not pulled through zero."""
+    task = synthetic_task(tools=20, capabilities=8, meta_capabilities=0, dim=16, seed=3)
+    h = task.hierarchy()
+    config = make_config(h.dim, 16, h.num_nodes)
+    untrained = init_params(config, h.features, h.num_levels)
+    flipped = {**untrained, "W_q": -untrained["W_q"], "W_k": -untrained["W_k"]}
+    trainer = ShgatTrainer(config, flipped, h)
+    query, rng = task.train[0], np.random.default_rng(0)
+    for _ in range(100):
+        examples = path_examples(h, query.intent, query.tools, 1.0, 1.0, query.capability)
+        trainer.step(make_batch(examples, h, rng))
+    for name in ("W_q", "W_k"):
+        along = np.sum(trainer.params[name] * flipped[name], axis=1)
+        assert np.all(along > 0), (name, along)

@@ -150,12 +150,17 @@ def _key_basis(features: FloatArray, key_dim: int, dim: int) -> FloatArray:
     """`key_dim` orthonormal rows: the nodes' top principal directions, completed if needed.
 
     Directions are taken without centring, so the mean direction (which cosine sees) is kept.
+    They are the eigenvectors of the d × d Gram matrix (the right singular vectors, at a cost
+    linear in the nodes: a tenant's every training round builds its untrained model, to pull
+    toward it), each signed so that its largest component is positive.
     The completion uses a fixed seed: two trainers build the same initial model.
     """
     rows = np.zeros((0, dim))
     if len(features):
-        _, _, vt = np.linalg.svd(features, full_matrices=False)
-        rows = vt[: min(key_dim, len(vt))]
+        values, vectors = np.linalg.eigh(features.T @ features)
+        top = np.argsort(values)[::-1][: min(key_dim, len(features), dim)]
+        rows = vectors[:, top].T
+        rows *= np.sign(rows[np.arange(len(rows)), np.abs(rows).argmax(axis=1)])[:, None]
     if len(rows) < key_dim:
         filler = np.random.default_rng(0).standard_normal((key_dim - len(rows), dim))
         filler -= filler @ rows.T @ rows

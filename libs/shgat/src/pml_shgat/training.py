@@ -34,6 +34,8 @@ NEGATIVES_PER_EXAMPLE = 8
 #: Fraction of the way back to the untrained parameters each step moves every parameter
 #: (decoupled from the gradient, as AdamW's weight decay, but toward the untrained model, not 0).
 ANCHOR_PULL = 0.01
+#: The parameters whose rows are the hierarchy's principal directions at the start (`init_params`).
+KEY_BASES = ("W_q", "W_k")
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 #: Gradients are clipped to this global norm: a rare huge TD error must not wreck the model.
@@ -130,6 +132,14 @@ def loss(
     return anp.sum(weights * (positive_loss + negative_loss)) / max(float(weights.sum()), 1e-12)
 
 
+def _signed_like(basis: NDArray[np.float64], current: NDArray[np.float64]) -> NDArray[np.float64]:
+    """`basis` with each row's sign that of the same row of `current`: a key direction is
+    the same direction either way round, and the model may have started from the other sign
+    (a hierarchy that changed since, or a basis computed before its sign was fixed)."""
+    signs = np.where(np.sum(basis * current, axis=1) < 0, -1.0, 1.0)
+    return np.asarray(basis * signs[:, None], dtype=np.float64)
+
+
 def _bce(logits: Array, labels: Array) -> Array:
     return anp.logaddexp(0.0, logits) - labels * logits
 
@@ -156,7 +166,11 @@ class ShgatTrainer:
         if self.anchor_pull:
             untrained = init_params(self.config, self.hierarchy.features, 0)
             # the levels a model has beyond this hierarchy's are anchored at their own start
-            self._anchor = ensure_levels(untrained, self.config, num_levels(self.params))
+            anchor = ensure_levels(untrained, self.config, num_levels(self.params))
+            self._anchor = {
+                name: _signed_like(value, self.params[name]) if name in KEY_BASES else value
+                for name, value in anchor.items()
+            }
 
     def step(self, batch: Batch) -> StepStats:
         value, grads = value_and_grad(loss)(self.params, self.hierarchy, self.config, batch)
