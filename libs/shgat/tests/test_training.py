@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from pml_shgat.params import init_params, make_config
+from pml_shgat.params import Params, init_params, make_config
 from pml_shgat.serving import ServingModel
 from pml_shgat.synthetic import SyntheticQuery, SyntheticTask, synthetic_task
-from pml_shgat.training import ShgatTrainer, make_batch, path_examples
+from pml_shgat.training import ANCHOR_PULL, ShgatTrainer, make_batch, path_examples
 
 
 def _recall_at_5(model: ServingModel, queries: list[SyntheticQuery]) -> float:
@@ -54,18 +54,27 @@ def test_failures_lower_the_score_of_the_failed_path() -> None:
     assert after < before - 0.1, (before, after)
 
 
-def _distance_from_untrained(anchor_pull: float, steps: int) -> float:
-    """How far training on one execution, replayed `steps` times, moves the parameters."""
+def _replayed(flip: bool, anchor_pull: float, steps: int) -> tuple[Params, Params]:
+    """A model trained on one execution replayed `steps` times, from the untrained parameters
+    (with their key rows the other way round if `flip`), and those starting parameters."""
     task = synthetic_task(tools=20, capabilities=8, meta_capabilities=0, dim=16, seed=3)
     h = task.hierarchy()
     config = make_config(h.dim, 16, h.num_nodes)
-    untrained = init_params(config, h.features, h.num_levels)
-    trainer = ShgatTrainer(config, untrained, h, anchor_pull=anchor_pull)
+    start = init_params(config, h.features, h.num_levels)
+    if flip:
+        start = {**start, "W_q": -start["W_q"], "W_k": -start["W_k"]}
+    trainer = ShgatTrainer(config, start, h, anchor_pull=anchor_pull)
     query, rng = task.train[0], np.random.default_rng(0)
     for _ in range(steps):
         examples = path_examples(h, query.intent, query.tools, 1.0, 1.0, query.capability)
         trainer.step(make_batch(examples, h, rng))
-    return float(np.sqrt(sum(np.sum((trainer.params[k] - untrained[k]) ** 2) for k in untrained)))
+    return trainer.params, start
+
+
+def _distance_from_untrained(anchor_pull: float, steps: int) -> float:
+    """How far training on one execution, replayed `steps` times, moves the parameters."""
+    trained, untrained = _replayed(False, anchor_pull, steps)
+    return float(np.sqrt(sum(np.sum((trained[k] - untrained[k]) ** 2) for k in untrained)))
 
 
 def test_the_anchor_pull_keeps_a_replayed_model_nearer_the_untrained_one() -> None:
@@ -78,16 +87,7 @@ def test_the_anchor_pull_keeps_a_replayed_model_nearer_the_untrained_one() -> No
 
 def test_the_anchor_keeps_the_sign_a_model_started_from() -> None:
     """A model whose key directions started the other way round is not pulled through zero."""
-    task = synthetic_task(tools=20, capabilities=8, meta_capabilities=0, dim=16, seed=3)
-    h = task.hierarchy()
-    config = make_config(h.dim, 16, h.num_nodes)
-    untrained = init_params(config, h.features, h.num_levels)
-    flipped = {**untrained, "W_q": -untrained["W_q"], "W_k": -untrained["W_k"]}
-    trainer = ShgatTrainer(config, flipped, h)
-    query, rng = task.train[0], np.random.default_rng(0)
-    for _ in range(100):
-        examples = path_examples(h, query.intent, query.tools, 1.0, 1.0, query.capability)
-        trainer.step(make_batch(examples, h, rng))
+    trained, flipped = _replayed(True, ANCHOR_PULL, 100)
     for name in ("W_q", "W_k"):
-        along = np.sum(trainer.params[name] * flipped[name], axis=1)
+        along = np.sum(trained[name] * flipped[name], axis=1)
         assert np.all(along > 0), (name, along)

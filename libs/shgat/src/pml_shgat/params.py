@@ -88,6 +88,20 @@ def init_params(config: ShgatConfig, features: FloatArray, levels: int) -> Param
     return ensure_levels(params, config, levels)
 
 
+def untrained_like(config: ShgatConfig, features: FloatArray, params: Params) -> Params:
+    """The untrained parameters of a hierarchy with `features`, shaped as `params`: the levels
+    `params` has, and each key row (`W_q`, `W_k`: the basis of `init_params`) with the sign of
+    the same row in `params` — a key direction is the same either way round, and a model may
+    have started from the other sign (a hierarchy that changed since, or a basis computed before
+    its sign was fixed)."""
+    untrained = ensure_levels(init_params(config, features, 0), config, num_levels(params))
+    for name in ("W_q", "W_k"):
+        basis = untrained[name]
+        signs = np.where(np.sum(basis * params[name], axis=1) < 0, -1.0, 1.0)
+        untrained[name] = basis * signs[:, None]
+    return untrained
+
+
 def ensure_levels(params: Params, config: ShgatConfig, levels: int) -> Params:
     """Add initial parameters for levels a deeper hierarchy has and the model has not."""
     grown = dict(params)

@@ -6,12 +6,13 @@ kind (tools for a tool, capabilities for a capability) that the intent should sc
 is what teaches ranking. Examples carry the importance weight of the trace they come from (PER).
 
 Every step also pulls each parameter a fraction `ANCHOR_PULL` of the way back to the untrained
-model's (`init_params` of the current hierarchy: the ranking the first stage and the hierarchy
-give without learning). The trainer replays a small buffer round after round, each round
-continuing from the serving model, so the steps a model has taken grow with the rounds, not with
-what the tenant executed; without the pull, trained further it recalled its training executions
-better and ranked new requests worse (docs/benchmarks.md). The pull holds each parameter
-within about `learning_rate / ANCHOR_PULL` of its untrained value, however many rounds run.
+model's (`untrained_like`: `init_params` of the current hierarchy, the ranking the first stage
+and the hierarchy give without learning). The trainer replays a small buffer round after round,
+each round continuing from the serving model, so the steps a model has taken grow with the
+rounds, not with what the tenant executed; without the pull, trained further it recalled its
+training executions better and ranked new requests worse (docs/benchmarks.md). The pull holds
+each parameter within about `learning_rate / ANCHOR_PULL` of its untrained value, however many
+rounds run.
 """
 
 from __future__ import annotations
@@ -28,14 +29,12 @@ from numpy.typing import NDArray
 
 from pml_shgat.forward import Array, Backend, numpy_segment_sum, propagate
 from pml_shgat.hierarchy import Hierarchy, normalise_rows
-from pml_shgat.params import Params, ShgatConfig, ensure_levels, init_params, num_levels
+from pml_shgat.params import Params, ShgatConfig, ensure_levels, untrained_like
 
 NEGATIVES_PER_EXAMPLE = 8
 #: Fraction of the way back to the untrained parameters each step moves every parameter
 #: (decoupled from the gradient, as AdamW's weight decay, but toward the untrained model, not 0).
 ANCHOR_PULL = 0.01
-#: The parameters whose rows are the hierarchy's principal directions at the start (`init_params`).
-KEY_BASES = ("W_q", "W_k")
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 #: Gradients are clipped to this global norm: a rare huge TD error must not wreck the model.
@@ -132,14 +131,6 @@ def loss(
     return anp.sum(weights * (positive_loss + negative_loss)) / max(float(weights.sum()), 1e-12)
 
 
-def _signed_like(basis: NDArray[np.float64], current: NDArray[np.float64]) -> NDArray[np.float64]:
-    """`basis` with each row's sign that of the same row of `current`: a key direction is
-    the same direction either way round, and the model may have started from the other sign
-    (a hierarchy that changed since, or a basis computed before its sign was fixed)."""
-    signs = np.where(np.sum(basis * current, axis=1) < 0, -1.0, 1.0)
-    return np.asarray(basis * signs[:, None], dtype=np.float64)
-
-
 def _bce(logits: Array, labels: Array) -> Array:
     return anp.logaddexp(0.0, logits) - labels * logits
 
@@ -164,13 +155,7 @@ class ShgatTrainer:
             raise ValueError("anchor_pull must be in [0, 1)")
         self.params = ensure_levels(self.params, self.config, self.hierarchy.num_levels)
         if self.anchor_pull:
-            untrained = init_params(self.config, self.hierarchy.features, 0)
-            # the levels a model has beyond this hierarchy's are anchored at their own start
-            anchor = ensure_levels(untrained, self.config, num_levels(self.params))
-            self._anchor = {
-                name: _signed_like(value, self.params[name]) if name in KEY_BASES else value
-                for name, value in anchor.items()
-            }
+            self._anchor = untrained_like(self.config, self.hierarchy.features, self.params)
 
     def step(self, batch: Batch) -> StepStats:
         value, grads = value_and_grad(loss)(self.params, self.hierarchy, self.config, batch)
