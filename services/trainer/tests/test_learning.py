@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -172,6 +173,39 @@ async def test_a_round_learns_publishes_and_reprioritises(
     assert (
         await rig.buffer.pending_tenants() == [] or tenant not in await rig.buffer.pending_tenants()
     )
+
+
+async def test_a_rounds_training_follows_the_executions_its_model_has_not_learned_from(
+    rig: Rig, tenant: str
+) -> None:
+    config = rig.loop.config
+    await _add_traces(rig, tenant)
+    lease = await rig.lock.try_acquire()
+    assert lease is not None
+    async with rig.lock.hold(lease):
+        first = await rig.loop.train_round(tenant, lease)
+        assert first is not None and first.metrics["accepted"] == 1.0
+        # two more executions: the next round starts from the served version and learns those
+        for i in range(2):
+            trace = Trace(
+                trace_id=f"more-{i}", intent="back up my notes", path=["s3:upload"], outcome=1.0
+            )
+            assert await rig.buffer.add(tenant, trace)
+        second = await rig.loop.train_round(tenant, lease)
+    assert second is not None
+    assert first.metrics["traces_seen"] == 6.0 and second.metrics["traces_seen"] == 8.0
+    # draws_per_execution traces drawn for each execution the starting model had not seen
+    assert first.metrics["steps"] == math.ceil(config.draws_per_execution * 6 / config.batch_size)
+    assert second.metrics["steps"] == math.ceil(config.draws_per_execution * 2 / config.batch_size)
+    assert second.metrics["steps"] < first.metrics["steps"] < config.steps
+
+
+def test_a_round_runs_one_step_at_least_and_its_most_at_most() -> None:
+    config = LearningConfig(batch_size=32, steps=30, draws_per_execution=15.0)
+    assert config.round_steps(0) == 1
+    assert config.round_steps(3) == 2
+    assert config.round_steps(64) == 30
+    assert config.round_steps(10_000) == 30
 
 
 async def test_a_lost_lease_abandons_the_round_and_publishes_nothing(rig: Rig, tenant: str) -> None:

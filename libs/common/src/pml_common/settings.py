@@ -364,7 +364,17 @@ class Settings(BaseSettings):
     )
     train_batch_size: int = Field(32, ge=1, le=4096, description="Traces per training batch.")
     train_steps: int = Field(
-        30, ge=1, description="Training steps per round; one round publishes one model version."
+        30,
+        ge=1,
+        description="Most training steps of one round; one round publishes one model version.",
+    )
+    train_draws_per_execution: float = Field(
+        15.0,
+        gt=0,
+        description="Traces drawn into training batches per execution the serving version has "
+        "not learned from: a round runs that many draws' worth of steps (at least one, at most "
+        "`PML_TRAIN_STEPS`), so a version's training grows with its executions, not with the "
+        "rounds it went through.",
     )
     train_learning_rate: float = Field(
         0.003, gt=0, description="Adam learning rate of SHGAT training."

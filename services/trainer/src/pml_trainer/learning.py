@@ -1,8 +1,9 @@
 """Live SHGAT training: PER batches from the replay buffer, only while holding the lease lock.
 
 A round trains one tenant: read its hierarchy from Neo4j, start from the tenant's current
-model in the registry (or the initial one), run `steps` PER batches, and publish the result
-with the lease's fencing token. After each batch the sampled traces get new priorities from
+model in the registry (or the initial one), run PER batches for the executions that model has
+not learned from (`LearningConfig.round_steps`), and publish the result with the lease's
+fencing token. After each batch the sampled traces get new priorities from
 their TD error, `outcome − predictPathSuccess(intent, path)` under the updated model.
 
 Gate: a trained candidate is published only if it ranks the executed tools of held-back
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, replace
@@ -67,7 +69,12 @@ _holdout_recall = _meter.create_gauge(
 @dataclass(frozen=True)
 class LearningConfig:
     batch_size: int = 32
+    #: Most steps of one round.
     steps: int = 30
+    #: Traces drawn into batches per execution a round adds to what its starting model learned
+    #: from: a model's training grows with its executions, not with the rounds it went through
+    #: (trained further on the same executions, SHGAT ranks new requests worse).
+    draws_per_execution: float = 15.0
     learning_rate: float = 0.003
     min_traces: int = 16
     poll_s: float = 1.0
@@ -75,6 +82,11 @@ class LearningConfig:
     seed: int | None = None
     #: Held-back executions needed before any candidate can be admitted.
     min_holdout: int = 3
+
+    def round_steps(self, new_executions: int) -> int:
+        """Steps of a round whose starting model has not learned from `new_executions`."""
+        wanted = math.ceil(self.draws_per_execution * new_executions / self.batch_size)
+        return max(1, min(self.steps, wanted))
 
 
 class RoundAbandoned(Exception):
@@ -108,6 +120,10 @@ class LearningLoop:
         self._publisher = publisher
         self._config = config
         self._rng = np.random.default_rng(config.seed)
+
+    @property
+    def config(self) -> LearningConfig:
+        return self._config
 
     async def run(self, stop: asyncio.Event) -> None:
         """Acquire the lock, train what is pending, release; repeat until `stop`.
@@ -181,10 +197,10 @@ class LearningLoop:
             await self._buffer.mark_trained(tenant, upto)
             return None
         published = await self._registry.current(tenant)
-        config, params = self._starting_point(tenant, hierarchy, published)
+        config, params, learned = self._starting_point(tenant, hierarchy, published)
         trainer = ShgatTrainer(config, params, hierarchy, self._config.learning_rate)
         losses, errors = [], []
-        for _ in range(self._config.steps):
+        for _ in range(self._config.round_steps(upto - learned)):
             _check(lease, stop)
             loss, td = await self._step(tenant, trainer, hierarchy)
             losses.append(loss)
@@ -382,15 +398,16 @@ class LearningLoop:
 
     def _starting_point(
         self, tenant: str, hierarchy: Hierarchy, current: tuple[ModelRecord, bytes] | None
-    ) -> tuple[ShgatConfig, Params]:
-        """The tenant's current model, or a new one when none fits this embedder."""
+    ) -> tuple[ShgatConfig, Params, int]:
+        """The tenant's current model, or a new one when none fits this embedder, and how many
+        of the tenant's executions it has learned from (its round's `traces_seen`)."""
         if current is not None:
             config, params = from_bytes(current[1])
             if config.dim == hierarchy.dim:
-                return config, params
+                return config, params, int(current[0].metrics.get("traces_seen", 0.0))
             log.warning("learning.model_reset", tenant=tenant, reason="embedding size changed")
         config = make_config(hierarchy.dim, self._config.key_dim, hierarchy.num_nodes)
-        return config, init_params(config, hierarchy.features, hierarchy.num_levels)
+        return config, init_params(config, hierarchy.features, hierarchy.num_levels), 0
 
     async def _intent_vectors(self, sample: Sample) -> list[np.ndarray]:
         return await self._intents([t.intent for t in sample.traces])

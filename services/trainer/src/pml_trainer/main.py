@@ -131,6 +131,7 @@ def _learning_config(settings: Settings) -> LearningConfig:
     return LearningConfig(
         batch_size=settings.train_batch_size,
         steps=settings.train_steps,
+        draws_per_execution=settings.train_draws_per_execution,
         learning_rate=settings.train_learning_rate,
         min_traces=settings.replay_min_traces,
         # Waiting for the lock polls well inside one lease, so a dead holder is replaced fast.
