@@ -268,7 +268,9 @@ def _event_to_serving(settings: Settings, rounds: int, console: Console) -> dict
     return {
         "event_to_serving_s": round(statistics.median(times), 2),
         "event_to_serving_runs_s": [round(t, 2) for t in times],
-        "train_steps_per_round": live.train_steps,
+        # a round's steps follow the executions it learns (at most train_steps)
+        "train_draws_per_execution": live.train_draws_per_execution,
+        "train_steps_at_most": live.train_steps,
     }
 
 

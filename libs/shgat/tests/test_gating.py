@@ -8,6 +8,7 @@ import pytest
 from pml_shgat.gating import (
     FRESHER,
     MIN_NOVEL,
+    MRR_TOLERANCE,
     WEIGHT_GRID,
     WITHDRAWN,
     Figures,
@@ -167,6 +168,63 @@ def test_more_of_the_executed_tools_in_the_top_five_does_not_excuse_a_first_step
     assert not better(wider, sharper)
     # the same recall gain with the first step where it was: better
     assert better(Figures(0.5, 0.9, 1.0, 1.0, 1.0, 10), sharper)
+
+
+def _ranking(order: list[int], tools: int = 10) -> np.ndarray:
+    """Scores that rank the tools of `order` first, in that order, and the others below."""
+    scores = np.zeros(tools)
+    for place, tool in enumerate(order):
+        scores[tool] = tools - place
+    return scores
+
+
+def _first_steps(judged: list[Judged], behind: set[int]) -> list[np.ndarray]:
+    """Both executed tools (0 and 1) in the top five, the first behind the second in `behind`."""
+    return [_ranking([1, 0] if i in behind else [0, 1]) for i in range(len(judged))]
+
+
+def test_a_first_step_moved_within_the_noise_of_the_held_back_executions_decides_nothing() -> None:
+    judged = [Judged((0, 1)) for _ in range(80)]
+    # served: the first step first but for four executions, the second tool 6th (recall@5 0.5)
+    served = [
+        _ranking([1, 0, 2, 3, 4, 5]) if i < 4 else _ranking([0, 2, 3, 4, 5, 1]) for i in range(80)
+    ]
+    now = figures(served, judged)
+    # both tools in the top five everywhere; the first step up in those four, down in eight
+    # others: a mean reciprocal rank lower by 0.025, within two standard errors (0.043)
+    wider = figures(_first_steps(judged, set(range(4, 12))), judged)
+    assert wider.recall_at_5 == 1.0 and now.mrr - wider.mrr > MRR_TOLERANCE
+    assert better(wider, now)
+    # the first step down in 24 executions and up in none: not noise, still not excused
+    pushed = figures(_first_steps(judged, set(range(4)) | set(range(10, 34))), judged)
+    assert pushed.recall_at_5 == 1.0 and not better(pushed, now)
+
+
+def test_a_reciprocal_rank_within_the_noise_does_not_surely_break_a_tie() -> None:
+    judged = [Judged((0, 1)) for _ in range(80)]
+    serving = figures(_first_steps(judged, set(range(4))), judged)
+    candidate = figures(_first_steps(judged, set(range(4, 12))), judged)
+    assert candidate.recall_at_5 == serving.recall_at_5
+    # the reciprocal rank breaks the tie, but not surely: a fresher candidate replaces it
+    assert better(serving, candidate) and not better(serving, candidate, surely=True)
+    assert not better(candidate, serving)
+    # the same difference over many executions is no longer noise
+    many = [Judged((0, 1)) for _ in range(2000)]
+    serving = figures(_first_steps(many, set(range(100))), many)
+    candidate = figures(_first_steps(many, set(range(100, 300))), many)
+    assert better(serving, candidate, surely=True)
+
+
+def test_a_fresher_candidate_replaces_one_whose_first_steps_are_better_within_the_noise() -> None:
+    judged = [Judged((0, 1)) for _ in range(80)]
+    first = _first_steps(judged, set(range(40)))  # the first stage: half the first steps behind
+    serving = _first_steps(judged, set(range(4)))
+    # the candidate's correction puts the first step behind in eight executions, ahead elsewhere
+    correction = [np.eye(10)[1 if i in range(4, 12) else 0] for i in range(80)]
+    verdict = judge(first, serving, correction, judged, min_judged=3, fresher=True)
+    assert verdict.accepted and verdict.reason == FRESHER
+    # not fresher: the serving version stays
+    assert not judge(first, serving, correction, judged, min_judged=3).accepted
 
 
 def test_the_chosen_weights_figures_are_those_of_the_served_scores() -> None:

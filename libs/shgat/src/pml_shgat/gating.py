@@ -16,12 +16,12 @@ The serving version is judged again at every round, on the held-back executions 
 version is published with weight 0: the correction is withdrawn rather than left to serve on
 the strength of an earlier, smaller held-back set.
 
-A candidate that ties the serving version on them (neither ranks better, per `better`) is
-published anyway when it learned from at least `FRESHER_GROWTH` times as many executions
-(*fresher*), as long as it beats the first stage: nothing says it is worse, and it has seen
-more of the tenant's work. Without this, the version served was often one fitted on the first
-few executions, kept because every later fit tied it within the margin, and which early fit
-that was varied from one run to the next.
+A candidate that ties the serving version on them (it does not rank better, and the serving
+version not surely better, per `better`) is published anyway when it learned from at least
+`FRESHER_GROWTH` times as many executions (*fresher*), as long as it beats the first stage:
+nothing says it is worse, and it has seen more of the tenant's work. Without this, the version
+served was often one fitted on the first few executions, kept because every later fit tied it
+within the margin, and which early fit that was varied from one run to the next.
 
 Held-back executions resemble the ones trained on, so a correction can look good on them by
 recalling the workflows it has seen while it hurts tasks of a new kind. Those held back whose
@@ -57,6 +57,11 @@ RECALL_MARGIN = 0.01
 MRR_MARGIN = 0.005
 #: How much worse the mean reciprocal rank may be in a ranking that counts as better.
 MRR_TOLERANCE = 0.01
+#: Standard errors of the paired difference that a reciprocal-rank loss must exceed to veto a
+#: ranking, or to keep a fresher candidate out: over a few dozen held-back executions, a first
+#: step moved by one rank in two or three of them is noise, and deciding on it kept early fits
+#: serving (docs/benchmarks.md).
+MRR_NOISE_Z = 2.0
 #: How many times as many executions a candidate must have learned from to replace a serving
 #: version it ties (so a tenant's versions are republished on ties at most logarithmically often).
 FRESHER_GROWTH = 1.5
@@ -94,6 +99,8 @@ class Figures:
     first_rank: float
     mrr: float
     count: int
+    #: Each execution's reciprocal rank of its first executed tool (paired comparisons).
+    reciprocal_ranks: tuple[float, ...] = ()
 
     def as_metrics(self, prefix: str) -> dict[str, float]:
         return {
@@ -138,28 +145,44 @@ def _mean_figures(each: FloatArray) -> Figures:
     if not len(each):
         return EMPTY
     means = each.mean(axis=0)
+    reciprocal = 1.0 / each[:, 3]
     return Figures(
         recall_at_1=float(means[0]),
         recall_at_5=float(means[1]),
         recall_at_10=float(means[2]),
         first_rank=float(means[3]),
-        mrr=float(np.mean(1.0 / each[:, 3])),
+        mrr=float(np.mean(reciprocal)),
         count=len(each),
+        reciprocal_ranks=tuple(reciprocal.tolist()),
     )
 
 
-def better(a: Figures, b: Figures) -> bool:
+def better(a: Figures, b: Figures, *, surely: bool = False) -> bool:
     """Whether `a` ranks better than `b`: recall@5 beyond the margin, or equal within it and a
     better mean reciprocal rank of the first executed tool; never with that reciprocal rank
-    worse by more than `MRR_TOLERANCE` (a gateway acts on the first tools: more of the executed
-    tools in the top five does not make up for a first step pushed down)."""
-    if a.mrr < b.mrr - MRR_TOLERANCE:
+    worse by more than `MRR_TOLERANCE` and the noise of the executions both ranked
+    (`mrr_noise`: a gateway acts on the first tools, so more of the executed tools in the top
+    five does not make up for a first step pushed down, but a first step moved by a rank in two
+    or three of a few dozen executions is noise). `surely`: the reciprocal rank breaks a tie of
+    recall@5 only beyond that noise too."""
+    noise = mrr_noise(a, b)
+    if a.mrr < b.mrr - max(MRR_TOLERANCE, noise):
         return False
     if a.recall_at_5 > b.recall_at_5 + RECALL_MARGIN:
         return True
     if a.recall_at_5 < b.recall_at_5 - RECALL_MARGIN:
         return False
-    return a.mrr > b.mrr + MRR_MARGIN
+    return a.mrr > b.mrr + max(MRR_MARGIN, noise if surely else 0.0)
+
+
+def mrr_noise(a: Figures, b: Figures) -> float:
+    """`MRR_NOISE_Z` standard errors of the mean paired difference between the reciprocal ranks
+    of `a` and `b`; 0 unless both hold them for the same executions (at least two)."""
+    count = len(a.reciprocal_ranks)
+    if count < 2 or count != len(b.reciprocal_ranks):
+        return 0.0
+    difference = np.subtract(a.reciprocal_ranks, b.reciprocal_ranks)
+    return MRR_NOISE_Z * float(np.std(difference, ddof=1)) / float(np.sqrt(count))
 
 
 def choose_weight(
@@ -319,7 +342,7 @@ def judge(
     if len(judged) < min_judged:
         reason, accepted = f"{len(judged)} held-back executions, {min_judged} needed", False
     elif not better(cand, now):
-        accepted = fresher and not better(now, cand) and better(cand, base)
+        accepted = fresher and not better(now, cand, surely=True) and better(cand, base)
         reason = (
             FRESHER if accepted else "not better than the serving version on held-back executions"
         )
