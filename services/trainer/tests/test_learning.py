@@ -51,6 +51,11 @@ INTENTS = {
 }
 
 
+LEARNING = LearningConfig(
+    batch_size=16, steps=40, min_traces=4, poll_s=0.1, key_dim=64, seed=0, min_holdout=2
+)
+
+
 class _Collector:
     def __init__(self) -> None:
         self.events: list[Event] = []
@@ -102,9 +107,7 @@ async def rig(
         database=settings.neo4j_database,
         embedder=embedder,
         publisher=published,
-        config=LearningConfig(
-            batch_size=16, steps=40, min_traces=4, poll_s=0.1, key_dim=64, seed=0, min_holdout=2
-        ),
+        config=LEARNING,
         holdout=holdout,
     )
     yield Rig(redis, buffer, lock, registry, holdout, loop, published, embedder)
@@ -178,7 +181,7 @@ async def test_a_round_learns_publishes_and_reprioritises(
 async def test_a_rounds_training_follows_the_executions_its_model_has_not_learned_from(
     rig: Rig, tenant: str
 ) -> None:
-    config = rig.loop.config
+    config = LEARNING
     await _add_traces(rig, tenant)
     lease = await rig.lock.try_acquire()
     assert lease is not None

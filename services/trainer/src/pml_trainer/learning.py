@@ -121,10 +121,6 @@ class LearningLoop:
         self._config = config
         self._rng = np.random.default_rng(config.seed)
 
-    @property
-    def config(self) -> LearningConfig:
-        return self._config
-
     async def run(self, stop: asyncio.Event) -> None:
         """Acquire the lock, train what is pending, release; repeat until `stop`.
 
