@@ -181,7 +181,6 @@ async def test_a_round_learns_publishes_and_reprioritises(
 async def test_a_rounds_training_follows_the_executions_its_model_has_not_learned_from(
     rig: Rig, tenant: str
 ) -> None:
-    config = LEARNING
     await _add_traces(rig, tenant)
     lease = await rig.lock.try_acquire()
     assert lease is not None
@@ -198,9 +197,10 @@ async def test_a_rounds_training_follows_the_executions_its_model_has_not_learne
     assert second is not None
     assert first.metrics["traces_seen"] == 6.0 and second.metrics["traces_seen"] == 8.0
     # draws_per_execution traces drawn for each execution the starting model had not seen
-    assert first.metrics["steps"] == math.ceil(config.draws_per_execution * 6 / config.batch_size)
-    assert second.metrics["steps"] == math.ceil(config.draws_per_execution * 2 / config.batch_size)
-    assert second.metrics["steps"] < first.metrics["steps"] < config.steps
+    draws, batch = LEARNING.draws_per_execution, LEARNING.batch_size
+    assert first.metrics["steps"] == math.ceil(draws * 6 / batch)
+    assert second.metrics["steps"] == math.ceil(draws * 2 / batch)
+    assert second.metrics["steps"] < first.metrics["steps"] < LEARNING.steps
 
 
 def test_a_round_runs_one_step_at_least_and_its_most_at_most() -> None:

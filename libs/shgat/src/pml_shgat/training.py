@@ -8,10 +8,10 @@ is what teaches ranking. Examples carry the importance weight of the trace they 
 Every step also pulls each parameter a fraction `ANCHOR_PULL` of the way back to the untrained
 model's (`untrained_like`: `init_params` of the current hierarchy, the ranking the first stage
 and the hierarchy give without learning). The trainer replays a small buffer round after round,
-each round continuing from the serving model, so the steps a model has taken grow with the
-rounds, not with what the tenant executed; without the pull, trained further it recalled its
-training executions better and ranked new requests worse (docs/benchmarks.md). The pull holds
-each parameter within about `learning_rate / ANCHOR_PULL` of its untrained value, however many
+each round continuing from the serving model; trained further on the same executions, the model
+recalled them better and ranked new requests worse (docs/benchmarks.md). The trainer ties a
+round's steps to the executions it adds (`pml_trainer.learning`), and the pull holds each
+parameter within about `learning_rate / ANCHOR_PULL` of its untrained value, however many
 rounds run.
 """
 
