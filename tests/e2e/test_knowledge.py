@@ -13,6 +13,7 @@ but three documents are about transformation processes.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -325,10 +326,17 @@ def test_invariants_hold_on_every_answer(
             t=a,
         )
     }
-    for question in (*QUESTIONS, "Where do zebras graze at dawn?"):
-        reply = ask(knowledge, a, question)
+    named = []
+    linked = "Which digital workflow runs the executable contract?"
+    for question, method in itertools.product(
+        (*QUESTIONS, linked, "Where do zebras graze at dawn?"), ("", "graph-ppr")
+    ):
+        reply = ask(knowledge, a, question, k=8, method=method)
         # I1: the graph stages run before the vector store is read, in every mode
-        assert [t.stage for t in reply.timings] == ["seeds", "paths", "plan", "embed", "vector"]
+        stages = ["seeds", "paths", "plan", "embed", "vector"]
+        if method:  # the walk, and the names in the best answers followed after
+            stages = ["seeds", "paths", "propagate", "plan", "embed", "vector", "links"]
+        assert [t.stage for t in reply.timings] == stages
         # I2: REASONED only with evidenced paths
         if reply.mode == knowledge_pb2.ANSWER_MODE_REASONED:
             assert all(e.evidence for p in reply.paths for e in p.edges)
@@ -343,8 +351,17 @@ def test_invariants_hold_on_every_answer(
             assert (chunk.document_id, chunk.section_path) == (doc, path)
             assert chunk.context_id == make_context_id(doc, path)
             assert chunk.plan_weight == 0 or chunk.context_id in plan
+            if chunk.named_by:  # a followed link: from another document's section, in the plan
+                named.append(chunk)
+                assert chunk.context_id in plan and chunk.plan_weight > 0
+                assert paths_of_sections[chunk.named_by][0] != chunk.document_id
         for evidence in (e for p in reply.paths for edge in p.edges for e in edge.evidence):
             assert evidence.context_id in plan
+    # `linked`'s best documents are Digital Transformation and Service Contract Execution, whose
+    # text names Solution Quotation Management
+    assert {(c.document_id, paths_of_sections[c.named_by][0]) for c in named} >= {
+        ("quotation.md", "contract.md")
+    }
 
 
 # --- the command line ------------------------------------------------------------------------

@@ -92,13 +92,19 @@ def _paths(reply: knowledge_pb2.AskResponse) -> list[Text]:
 
 def _chunks(reply: knowledge_pb2.AskResponse) -> Table:
     table = Table("#", "document", "section", "score", "plan", "text", expand=True)
+    first_rank: dict[str, int] = {}
     for rank, chunk in enumerate(reply.chunks, start=1):
+        first_rank.setdefault(chunk.context_id, rank)
+        plan = f"{chunk.plan_weight:.2f}" if chunk.plan_weight else "-"
+        if chunk.named_by:
+            # the best answer whose text names this chunk's document (a followed link)
+            plan += f" · named by #{first_rank.get(chunk.named_by, '?')}"
         table.add_row(
             str(rank),
             escape(chunk.document_id),
             escape(chunk.section_path),
             f"{chunk.score:.3f}",
-            f"{chunk.plan_weight:.2f}" if chunk.plan_weight else "-",
+            plan,
             escape(_snippet(chunk.text)),
         )
     return table

@@ -24,6 +24,7 @@ from pml_common.context_id import make_context_id
 from pml_common.events import ChunkPayload
 from pml_common.settings import Settings
 from pml_common.telemetry import setup_telemetry
+from pml_search import knowledge
 from pml_search.chunk_index import ChunkIndex
 from pml_search.evidence_plan import PPR_FUSION, EvidencePlan
 from pml_search.gds import GdsPaths
@@ -36,6 +37,8 @@ from pml_search.knowledge import (
     invariant_violations,
 )
 from pml_search.paths import Mode
+
+from . import planted
 
 QUESTION = (
     "What is the process of transformation of a commercial proposal into an executable contract?"
@@ -406,7 +409,7 @@ async def test_every_chunk_of_the_plan_is_weighed_not_only_the_nearest(
     assert len(chunks) > max(MIN_PLAN_CHUNKS, PLAN_CHUNKS_PER_K * 2)
     plan = EvidencePlan(weights={**dict.fromkeys(near, 0.01), "far": 1.0}, fusion=PPR_FUSION)
     (vector,) = await engine.chunks.embedder.embed_queries(["When is the service contract signed?"])
-    ranked = await engine._evidence_chunks(tenant, np.asarray(vector), 2, plan)
+    ranked = await engine._plan_chunks(tenant, np.asarray(vector), 2, plan)
     assert ranked[0].hit.chunk_id == "far" and ranked[0].plan_weight == 1.0
     assert ranked[0].semantic < min(c.semantic for c in ranked[1:])
 
@@ -424,6 +427,7 @@ async def test_modes_degrade_gracefully(engine: KnowledgeEngine, built: str, met
     assert len(nothing.chunks) == 3 and all(c.plan_weight == 0 for c in nothing.chunks)
     assert nothing.topped_up == 3
     propagate = ["propagate"] if method == "graph-ppr" else []
+    links = ["links"] if method == "graph-ppr" else []
     for answer in (anchored, nothing):
         assert invariant_violations(answer) == []
         assert [s for s, _ in answer.stages.timings] == [
@@ -433,6 +437,7 @@ async def test_modes_degrade_gracefully(engine: KnowledgeEngine, built: str, met
             "plan",
             "embed",
             "vector",
+            *links,
         ]
 
 
@@ -490,3 +495,82 @@ async def test_each_stage_is_a_span_of_the_request(engine: KnowledgeEngine, buil
     by_name = {s.name: s for s in stages}
     assert by_name["ask.paths"].attributes["pml.path_finder"] == CYPHER
     assert by_name["ask.vector"].attributes["pml.mode"] == "REASONED"
+
+
+# --- graph-ppr follows the names its best answers write (`LINK_BONUS`) ------------------------
+
+#: The shape of a bridge question: the question names a character and asks who created the
+#: series she is from. The character's own text names the series, whose text shares none of
+#: the question's words; three other characters' texts mention her, and hers names none of them.
+KATE = planted.Doc(
+    "kate",
+    "Kate Ramsay",
+    "Kate Ramsay is a fictional character from the Australian soap opera Neighbours.",
+    {
+        "Kate Ramsay": 0.9,
+        "fictional character": 0.5,
+        "Australian soap opera": 0.6,
+        "Neighbours": 0.5,
+    },
+)
+NEIGHBOURS = planted.Doc(
+    "neighbours",
+    "Neighbours",
+    "Neighbours is a serial first broadcast in 1985; Reg Watson devised it for Seven.",
+    {"Neighbours": 0.9, "Reg Watson": 0.6, "Seven": 0.4},
+)
+SIBLINGS = tuple(
+    planted.Doc(
+        f"sibling{i}",
+        name,
+        f"{name} is a cousin of Kate Ramsay who left Erinsborough in 2003.",
+        {name: 0.9, "Kate Ramsay": 0.6, "Erinsborough": 0.4},
+    )
+    for i, name in enumerate(("Sophie Ramsay", "Max Ramsay", "Madge Bishop"))
+)
+LINK_QUESTION = "Kate Ramsay is a fictional character from an Australian soap opera created by who?"
+
+
+@pytest.fixture
+async def bridged(engine: KnowledgeEngine, graph_db, tenant: str) -> str:
+    corpus = (KATE, NEIGHBOURS, *SIBLINGS)
+    await planted.plant(graph_db, tenant, corpus)
+    await planted.index(engine.chunks, tenant, corpus)
+    return tenant
+
+
+async def test_the_document_a_best_answer_names_ranks_above_those_that_mention_it(
+    engine: KnowledgeEngine, bridged: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    answer = await engine.ask(bridged, LINK_QUESTION, 5, "graph-ppr")
+    documents = [c.hit.document_id for c in answer.chunks]
+    assert documents[:2] == ["kate", "neighbours"], documents
+    series = answer.chunks[1]
+    assert series.named_by == KATE.context_id and series.plan_weight > 0
+    assert not any(c.named_by for c in answer.chunks if c.hit.document_id != "neighbours")
+    assert [s for s, _ in answer.stages.timings][-1] == "links"
+    assert invariant_violations(answer) == []
+    # what the link does: without it, characters that mention Kate Ramsay rank above
+    monkeypatch.setattr(knowledge, "LINK_BONUS", 0.0)
+    unlinked = await engine.ask(bridged, LINK_QUESTION, 5, "graph-ppr")
+    documents = [c.hit.document_id for c in unlinked.chunks]
+    assert documents.index("neighbours") > documents.index("sibling1"), documents
+    # graph-first plans its own bridge hop and follows no link
+    first = await engine.ask(bridged, LINK_QUESTION, 5, "graph-first")
+    assert "links" not in {s for s, _ in first.stages.timings}
+
+
+async def test_the_reads_of_links_stay_within_the_tenant(
+    engine: KnowledgeEngine, bridged: str
+) -> None:
+    mentioned = await engine.reads.mentioned_keys(bridged, [KATE.context_id])
+    assert set(mentioned[KATE.context_id]) == {canonical_key(n) for n in KATE.mentions}
+    within = [KATE.context_id, NEIGHBOURS.context_id]
+    series = canonical_key(NEIGHBOURS.title)
+    assert await engine.reads.topic_sections(bridged, [series], within) == {
+        series: [NEIGHBOURS.context_id]
+    }
+    assert await engine.reads.topic_sections(bridged, [series], [KATE.context_id]) == {}
+    other = f"{bridged}-other"
+    assert await engine.reads.mentioned_keys(other, [KATE.context_id]) == {}
+    assert await engine.reads.topic_sections(other, [series], within) == {}

@@ -291,6 +291,7 @@ async def test_the_walk_ranks_the_bridge_section_above_the_lexical_distractor(
         "plan",
         "embed",
         "vector",
+        "links",
     ]
 
 

@@ -9,8 +9,11 @@ Seeds are the concepts and topics the question names, linked by key, alias or fu
 
 Methods: `graph-first` plans evidence by anchoring the seeds and one bridge hop
 (`evidence_plan`); `graph-ppr` ranks the sections by a Personalized PageRank from the seeds over
-the concept ↔ section graph (`propagation`, GDS `pageRank` when the plugin is present) and plans
-the best of them; `vector` is the plain baseline. Both graph methods search paths the same way
+the concept ↔ section graph (`propagation`, GDS `pageRank` when the plugin is present), plans
+the best of them, and then follows the names its best answers write: the documents their text
+names (title links) gain on the others (`LINK_BONUS`, the `links` stage), as a reader follows a
+link from the first document of a multi-hop question to the second; `vector` is the plain
+baseline. Both graph methods search paths the same way
 and share every invariant below.
 
 Modes (§2.2, §8bis): REASONED when a selected path has evidence on its edges; ANCHORED when
@@ -36,9 +39,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 import numpy as np
@@ -51,6 +54,7 @@ from pml_search.gds import GdsPageRank, GdsPaths
 from pml_search.knowledge_reads import PATHS_PER_PAIR, KnowledgeReads, Route
 from pml_search.paths import MAX_HOPS, Edge, Mode, Path, answer_mode, build_path, select_paths
 from pml_search.propagation import Propagation, restart_weights
+from pml_search.seed_linking import NameIndex
 
 _tracer = trace.get_tracer("pml_search.knowledge")
 
@@ -68,6 +72,15 @@ PATH_SEEDS = 6
 CHUNKS_PER_PLAN_SECTION = 4
 PLAN_CHUNKS_PER_K = 8
 MIN_PLAN_CHUNKS = 64
+#: `graph-ppr` follows the names written in its best answers: the sections of the documents
+#: named (`NameIndex.named`) by the best section of each of the `LINK_ANCHORS` best documents
+#: gain `LINK_BONUS` on their rank score (plan sections only). A multi-hop question's second
+#: document is most often one its first document names (a hyperlink, in Wikipedia), while the
+#: walk also lifts the documents that mention the first one, which share the question's words
+#: more; 1 to 3 anchors and bonuses of 0.1 to 0.3 were compared on the dev sets
+#: (docs/benchmarks.md).
+LINK_ANCHORS = 2
+LINK_BONUS = 0.2
 GDS_YEN = "gds-yen"
 CYPHER = "cypher"
 #: Who ran the propagation of `graph-ppr`.
@@ -81,6 +94,8 @@ class RankedChunk:
     score: float
     semantic: float
     plan_weight: float
+    #: the section of a best answer whose text names this chunk's document ("": none)
+    named_by: str = ""
 
 
 @dataclass
@@ -212,11 +227,16 @@ class KnowledgeEngine:
             vector = await embedding
         with stages.stage("vector") as span:
             answer.reads.append("vector")
-            answer.chunks = await self._evidence_chunks(tenant, vector, k, answer.plan)
-            planned = answer.plan.weights
-            answer.topped_up = sum(c.hit.context_id not in planned for c in answer.chunks)
+            ranked = await self._plan_chunks(tenant, vector, k, answer.plan)
+            extra = await self._top_up(tenant, vector, k, ranked)
+            answer.topped_up = len(extra)
             span.set_attribute("pml.mode", answer.mode.value)
             span.set_attribute("pml.topped_up", answer.topped_up)
+        if method == GRAPH_PPR:
+            with stages.stage("links") as span:
+                ranked = await self._follow_links(tenant, ranked, names)
+                span.set_attribute("pml.linked_chunks", sum(bool(c.named_by) for c in ranked))
+        answer.chunks = [*ranked[:k], *extra]
         return answer
 
     async def _paths(
@@ -288,33 +308,72 @@ class KnowledgeEngine:
         )
         return planning.combine(hop1, hop2, paths, path_routes, documents)
 
-    async def _evidence_chunks(
+    async def _plan_chunks(
         self, tenant: str, vector: np.ndarray, k: int, plan: EvidencePlan
     ) -> list[RankedChunk]:
-        ranked: list[RankedChunk] = []
-        if plan:
-            sections = CHUNKS_PER_PLAN_SECTION * len(plan.weights)
-            limit = max(MIN_PLAN_CHUNKS, PLAN_CHUNKS_PER_K * k, sections)
-            hits = await self.chunks.search(tenant, vector, limit, context_ids=plan.ordered())
-            ranked = [
-                RankedChunk(
-                    h,
-                    planning.fused_score(h.score, plan.weight(h.context_id), plan.fusion),
-                    h.score,
-                    plan.weight(h.context_id),
-                )
-                for h in hits
-            ]
-            ranked.sort(key=lambda c: (-c.score, c.hit.chunk_id))
-            ranked = ranked[:k]
-        if len(ranked) < k:
-            # The plan's sections hold too few chunks: the nearest others complete the answer.
-            seen = {c.hit.chunk_id for c in ranked}
-            more = await self.chunks.search(tenant, vector, k + len(seen))
-            ranked.extend(
-                RankedChunk(h, h.score, h.score, 0.0) for h in more if h.chunk_id not in seen
+        """The chunks of the plan's sections, best first by their fused score."""
+        if not plan:
+            return []
+        sections = CHUNKS_PER_PLAN_SECTION * len(plan.weights)
+        limit = max(MIN_PLAN_CHUNKS, PLAN_CHUNKS_PER_K * k, sections)
+        hits = await self.chunks.search(tenant, vector, limit, context_ids=plan.ordered())
+        return _ranked(
+            RankedChunk(
+                h,
+                planning.fused_score(h.score, plan.weight(h.context_id), plan.fusion),
+                h.score,
+                plan.weight(h.context_id),
             )
-        return ranked[:k]
+            for h in hits
+        )
+
+    async def _follow_links(
+        self, tenant: str, ranked: list[RankedChunk], names: NameIndex
+    ) -> list[RankedChunk]:
+        """`ranked` with `LINK_BONUS` on the chunks of the documents that the best section of
+        each of the `LINK_ANCHORS` best documents names (see `LINK_ANCHORS`)."""
+        anchors: dict[str, str] = {}  # document -> its best section
+        for chunk in ranked:
+            if len(anchors) == LINK_ANCHORS:
+                break
+            anchors.setdefault(chunk.hit.document_id, chunk.hit.context_id)
+        mentioned = await self.reads.mentioned_keys(tenant, list(anchors.values()))
+        # topic -> the best anchor section that names it, and its bonus (by the anchor's rank)
+        named_by: dict[str, tuple[str, float]] = {}
+        for rank, context_id in enumerate(anchors.values(), start=1):
+            for key in mentioned.get(context_id, ()):
+                for topic in names.named.get(key, ()):
+                    named_by.setdefault(topic, (context_id, LINK_BONUS / rank))
+        within = list(dict.fromkeys(c.hit.context_id for c in ranked))
+        sections = await self.reads.topic_sections(tenant, list(named_by), within)
+        linked = {c: named_by[topic] for topic, ids in sections.items() for c in ids}
+        return _ranked(
+            replace(
+                c,
+                score=c.score + linked[c.hit.context_id][1],
+                named_by=linked[c.hit.context_id][0],
+            )
+            if c.hit.context_id in linked and c.hit.document_id not in anchors
+            else c
+            for c in ranked
+        )
+
+    async def _top_up(
+        self, tenant: str, vector: np.ndarray, k: int, ranked: list[RankedChunk]
+    ) -> list[RankedChunk]:
+        """The nearest chunks outside `ranked` that complete it to `k` (none when the plan's
+        sections hold `k` chunks)."""
+        if len(ranked) >= k:
+            return []
+        seen = {c.hit.chunk_id for c in ranked}
+        more = await self.chunks.search(tenant, vector, k + len(seen))
+        extra = [RankedChunk(h, h.score, h.score, 0.0) for h in more if h.chunk_id not in seen]
+        return extra[: k - len(ranked)]
+
+
+def _ranked(chunks: Iterable[RankedChunk]) -> list[RankedChunk]:
+    """Best first by rank score (then by chunk id, so the order is stable)."""
+    return sorted(chunks, key=lambda c: (-c.score, c.hit.chunk_id))
 
 
 def best_edges(edges: Sequence[Edge]) -> dict[frozenset[str], Edge]:

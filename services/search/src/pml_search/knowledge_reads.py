@@ -18,6 +18,9 @@ every value from a request reaches Neo4j as a parameter.
 - `graph`: the whole concept ↔ section graph of a tenant, for propagation
   (`pml_search.propagation`): each section's mentions and topics, each topic's `COVERS`, each
   evidenced semantic relation.
+- `mentioned_keys`, `topic_sections`: the concepts some sections mention, and the sections
+  under some topics (`graph-ppr` follows the names in its best answers to the documents they
+  title).
 - `names`: every concept and topic of a tenant with its display name and entity type, for the
   index that links questions to them (`pml_search.seed_linking`).
 """
@@ -115,6 +118,24 @@ WITH c, seen_in, COUNT { (c)-[:MENTIONED_IN]->() } AS sections,
      EXISTS { MATCH (:Topic {tenant_id: $tenant, topic_id: c.canonical_name}) } AS topic
 WHERE (sections > 1 OR topic) AND sections <= $max_sections
 RETURN collect([c.canonical_name, sections, topic, seen_in]) AS bridges
+"""
+
+# The concepts each of some sections mentions (`graph-ppr`'s links: what the best answers name).
+_MENTIONED_KEYS = """
+UNWIND $context_ids AS context_id
+MATCH (:SectionContext {tenant_id: $tenant, context_id: context_id})
+      <-[:MENTIONED_IN]-(c:CanonicalConcept {tenant_id: $tenant})
+RETURN context_id, collect(c.canonical_name) AS keys
+"""
+
+# The sections under each of some topics, among given sections (the documents the best answers
+# name, among the plan's).
+_TOPIC_SECTIONS = """
+UNWIND $topics AS topic
+MATCH (:Topic {tenant_id: $tenant, topic_id: topic})<-[:HAS_TOPIC]-(d:Document {tenant_id: $tenant})
+MATCH (s:SectionContext {tenant_id: $tenant, document_id: d.document_id})
+WHERE topic IN s.topic_ids AND s.context_id IN $within
+RETURN topic, collect(s.context_id) AS context_ids
 """
 
 # The Cypher fallback of GDS Yen: shortest paths by hops over the semantic relations of the
@@ -334,6 +355,24 @@ class KnowledgeReads:
             )
             for key, sections, topic, seen_in in found
         ]
+
+    async def mentioned_keys(self, tenant: str, context_ids: Sequence[str]) -> dict[str, list[str]]:
+        """The concepts each of these sections mentions (context id -> concept keys)."""
+        if not context_ids:
+            return {}
+        rows = await self._read(_MENTIONED_KEYS, tenant=tenant, context_ids=list(context_ids))
+        return {str(r["context_id"]): [str(k) for k in r["keys"]] for r in rows}
+
+    async def topic_sections(
+        self, tenant: str, topics: Sequence[str], within: Sequence[str]
+    ) -> dict[str, list[str]]:
+        """The sections under each of these topics, among `within` (topic -> context ids)."""
+        if not topics or not within:
+            return {}
+        rows = await self._read(
+            _TOPIC_SECTIONS, tenant=tenant, topics=list(topics), within=list(within)
+        )
+        return {str(r["topic"]): [str(c) for c in r["context_ids"]] for r in rows}
 
     async def cypher_paths(
         self, tenant: str, pairs: Sequence[tuple[str, str]]

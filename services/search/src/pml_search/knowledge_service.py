@@ -123,4 +123,5 @@ def _chunk_proto(chunk: RankedChunk) -> knowledge_pb2.EvidenceChunk:
         semantic_score=chunk.semantic,
         plan_weight=chunk.plan_weight,
         chunk_id=hit.chunk_id,
+        named_by=chunk.named_by,
     )

@@ -187,6 +187,11 @@ class NameIndex:
             [k for k in self.keys if self.types[k] != TOPIC_TYPE],
             title_forms({k: names[k] for k in self.titles}),
         )
+        #: concept key -> the topics of the documents it names (`title_links` by concept)
+        named: dict[str, list[str]] = defaultdict(list)
+        for key, topic in self.title_links:
+            named[key].append(topic)
+        self.named = dict(named)
         #: alias form -> the keys whose names have it (a name can be ambiguous: "Frozen").
         self.aliases: dict[str, list[str]] = defaultdict(list)
         for key in self.keys:
@@ -208,7 +213,8 @@ class NameIndex:
         """Its cost in a cache: names plus stored trigrams, and its name vectors (counted
         before they are computed: they may arrive after the index is cached)."""
         vectors = len(self.dense_names) * DENSE_NAME_WEIGHT
-        return max(1, len(self.keys) + int(self._grams.nnz) + vectors + len(self.title_links))
+        links = 2 * len(self.title_links)  # as pairs, and by concept (`named`)
+        return max(1, len(self.keys) + int(self._grams.nnz) + vectors + links)
 
     def with_vectors(self, vectors: np.ndarray) -> NameIndex:
         """Keeps the unit vectors of `dense_names` (row i: name i). In single precision: numpy

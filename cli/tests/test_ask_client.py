@@ -1,0 +1,41 @@
+"""`pml ask`'s rendering of an answer for people."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from pml.v1 import knowledge_pb2
+from pml_cli.ask_client import print_answer
+
+
+def test_a_followed_link_shows_which_answer_names_the_document() -> None:
+    reply = knowledge_pb2.AskResponse(
+        mode=knowledge_pb2.ANSWER_MODE_ANCHORED,
+        chunks=[
+            knowledge_pb2.EvidenceChunk(
+                document_id="kate",
+                context_id="sec:kate",
+                text="Kate, of Neighbours.",
+                score=1.8,
+                plan_weight=1.0,
+            ),
+            knowledge_pb2.EvidenceChunk(
+                document_id="neighbours",
+                context_id="sec:neighbours",
+                text="A serial.",
+                score=0.8,
+                plan_weight=0.4,
+                named_by="sec:kate",
+            ),
+        ],
+    )
+    out = io.StringIO()
+    print_answer(Console(file=out, width=200), "Who created the series?", reply)
+    rows = {
+        name: [ln for ln in out.getvalue().splitlines() if name in ln]
+        for name in ("kate", "neighbours")
+    }
+    assert rows["neighbours"] and "0.40 · named by #1" in rows["neighbours"][0]
+    assert rows["kate"] and not any("named by" in ln for ln in rows["kate"])
