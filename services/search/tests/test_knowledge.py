@@ -563,14 +563,11 @@ async def test_the_document_a_best_answer_names_ranks_above_those_that_mention_i
 async def test_the_reads_of_links_stay_within_the_tenant(
     engine: KnowledgeEngine, bridged: str
 ) -> None:
-    mentioned = await engine.reads.mentioned_keys(bridged, [KATE.context_id])
+    within = [KATE.context_id, NEIGHBOURS.context_id, "sec:nowhere"]
+    mentioned, topics = await engine.reads.link_rows(bridged, [KATE.context_id], within)
     assert set(mentioned[KATE.context_id]) == {canonical_key(n) for n in KATE.mentions}
-    within = [KATE.context_id, NEIGHBOURS.context_id]
-    series = canonical_key(NEIGHBOURS.title)
-    assert await engine.reads.topic_sections(bridged, [series], within) == {
-        series: [NEIGHBOURS.context_id]
+    assert topics == {
+        KATE.context_id: [canonical_key(KATE.title)],
+        NEIGHBOURS.context_id: [canonical_key(NEIGHBOURS.title)],
     }
-    assert await engine.reads.topic_sections(bridged, [series], [KATE.context_id]) == {}
-    other = f"{bridged}-other"
-    assert await engine.reads.mentioned_keys(other, [KATE.context_id]) == {}
-    assert await engine.reads.topic_sections(other, [series], within) == {}
+    assert await engine.reads.link_rows(f"{bridged}-other", [KATE.context_id], within) == ({}, {})

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -234,7 +235,7 @@ class KnowledgeEngine:
             span.set_attribute("pml.topped_up", answer.topped_up)
         if method == GRAPH_PPR:
             with stages.stage("links") as span:
-                ranked = await self._follow_links(tenant, ranked, names)
+                ranked = await self._follow_links(tenant, ranked, k, names)
                 span.set_attribute("pml.linked_chunks", sum(bool(c.named_by) for c in ranked))
         answer.chunks = [*ranked[:k], *extra]
         return answer
@@ -328,25 +329,30 @@ class KnowledgeEngine:
         )
 
     async def _follow_links(
-        self, tenant: str, ranked: list[RankedChunk], names: NameIndex
+        self, tenant: str, ranked: list[RankedChunk], k: int, names: NameIndex
     ) -> list[RankedChunk]:
         """`ranked` with `LINK_BONUS` on the chunks of the documents that the best section of
-        each of the `LINK_ANCHORS` best documents names (see `LINK_ANCHORS`)."""
+        each of the `LINK_ANCHORS` best documents names (see `LINK_ANCHORS`), among the chunks
+        the bonus can lift into the first `k`."""
         anchors: dict[str, str] = {}  # document -> its best section
         for chunk in ranked:
             if len(anchors) == LINK_ANCHORS:
                 break
             anchors.setdefault(chunk.hit.document_id, chunk.hit.context_id)
-        mentioned = await self.reads.mentioned_keys(tenant, list(anchors.values()))
+        reach = ranked[k - 1].score - LINK_BONUS if len(ranked) >= k else -math.inf
+        within = list(dict.fromkeys(c.hit.context_id for c in ranked if c.score >= reach))
+        mentioned, topics = await self.reads.link_rows(tenant, list(anchors.values()), within)
         # topic -> the best anchor section that names it, and its bonus (by the anchor's rank)
         named_by: dict[str, tuple[str, float]] = {}
         for rank, context_id in enumerate(anchors.values(), start=1):
             for key in mentioned.get(context_id, ()):
                 for topic in names.named.get(key, ()):
                     named_by.setdefault(topic, (context_id, LINK_BONUS / rank))
-        within = list(dict.fromkeys(c.hit.context_id for c in ranked))
-        sections = await self.reads.topic_sections(tenant, list(named_by), within)
-        linked = {c: named_by[topic] for topic, ids in sections.items() for c in ids}
+        linked = {  # section -> what names it, by the best anchor naming one of its topics
+            context_id: max((named_by[t] for t in under if t in named_by), key=lambda n: n[1])
+            for context_id, under in topics.items()
+            if any(t in named_by for t in under)
+        }
         return _ranked(
             replace(
                 c,

@@ -18,9 +18,8 @@ every value from a request reaches Neo4j as a parameter.
 - `graph`: the whole concept ↔ section graph of a tenant, for propagation
   (`pml_search.propagation`): each section's mentions and topics, each topic's `COVERS`, each
   evidenced semantic relation.
-- `mentioned_keys`, `topic_sections`: the concepts some sections mention, and the sections
-  under some topics (`graph-ppr` follows the names in its best answers to the documents they
-  title).
+- `link_rows`: the concepts some sections mention and the topics of others (`graph-ppr`
+  follows the names in its best answers to the documents they title).
 - `names`: every concept and topic of a tenant with its display name and entity type, for the
   index that links questions to them (`pml_search.seed_linking`).
 """
@@ -120,22 +119,21 @@ WHERE (sections > 1 OR topic) AND sections <= $max_sections
 RETURN collect([c.canonical_name, sections, topic, seen_in]) AS bridges
 """
 
-# The concepts each of some sections mentions (`graph-ppr`'s links: what the best answers name).
-_MENTIONED_KEYS = """
-UNWIND $context_ids AS context_id
-MATCH (:SectionContext {tenant_id: $tenant, context_id: context_id})
-      <-[:MENTIONED_IN]-(c:CanonicalConcept {tenant_id: $tenant})
-RETURN context_id, collect(c.canonical_name) AS keys
-"""
-
-# The sections under each of some topics, among given sections (the documents the best answers
-# name, among the plan's).
-_TOPIC_SECTIONS = """
-UNWIND $topics AS topic
-MATCH (:Topic {tenant_id: $tenant, topic_id: topic})<-[:HAS_TOPIC]-(d:Document {tenant_id: $tenant})
-MATCH (s:SectionContext {tenant_id: $tenant, document_id: d.document_id})
-WHERE topic IN s.topic_ids AND s.context_id IN $within
-RETURN topic, collect(s.context_id) AS context_ids
+# What `graph-ppr` needs to follow the names its best answers write, in one round trip: the
+# concepts each anchor section mentions, and the topics of each candidate section.
+_LINK_ROWS = """
+CALL () {
+  UNWIND $anchors AS anchor
+  MATCH (:SectionContext {tenant_id: $tenant, context_id: anchor})
+        <-[:MENTIONED_IN]-(c:CanonicalConcept {tenant_id: $tenant})
+  RETURN collect([anchor, c.canonical_name]) AS mentions
+}
+CALL () {
+  UNWIND $within AS context_id
+  MATCH (s:SectionContext {tenant_id: $tenant, context_id: context_id})
+  RETURN collect([context_id, coalesce(s.topic_ids, [])]) AS topics
+}
+RETURN mentions, topics
 """
 
 # The Cypher fallback of GDS Yen: shortest paths by hops over the semantic relations of the
@@ -356,23 +354,21 @@ class KnowledgeReads:
             for key, sections, topic, seen_in in found
         ]
 
-    async def mentioned_keys(self, tenant: str, context_ids: Sequence[str]) -> dict[str, list[str]]:
-        """The concepts each of these sections mentions (context id -> concept keys)."""
-        if not context_ids:
-            return {}
-        rows = await self._read(_MENTIONED_KEYS, tenant=tenant, context_ids=list(context_ids))
-        return {str(r["context_id"]): [str(k) for k in r["keys"]] for r in rows}
-
-    async def topic_sections(
-        self, tenant: str, topics: Sequence[str], within: Sequence[str]
-    ) -> dict[str, list[str]]:
-        """The sections under each of these topics, among `within` (topic -> context ids)."""
-        if not topics or not within:
-            return {}
+    async def link_rows(
+        self, tenant: str, anchors: Sequence[str], within: Sequence[str]
+    ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        """The concepts each `anchors` section mentions, and the topics of each `within`
+        section (context id -> concept keys, context id -> topic ids)."""
+        if not anchors:
+            return {}, {}
         rows = await self._read(
-            _TOPIC_SECTIONS, tenant=tenant, topics=list(topics), within=list(within)
+            _LINK_ROWS, tenant=tenant, anchors=list(anchors), within=list(within)
         )
-        return {str(r["topic"]): [str(c) for c in r["context_ids"]] for r in rows}
+        mentions: dict[str, list[str]] = {}
+        for anchor, key in rows[0]["mentions"] if rows else ():
+            mentions.setdefault(str(anchor), []).append(str(key))
+        topics = {str(c): [str(t) for t in ts] for c, ts in (rows[0]["topics"] if rows else ())}
+        return mentions, topics
 
     async def cypher_paths(
         self, tenant: str, pairs: Sequence[tuple[str, str]]
