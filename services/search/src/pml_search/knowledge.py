@@ -75,11 +75,11 @@ PLAN_CHUNKS_PER_K = 8
 MIN_PLAN_CHUNKS = 64
 #: `graph-ppr` follows the names written in its best answers: the sections of the documents
 #: named (`NameIndex.named`) by the best section of each of the `LINK_ANCHORS` best documents
-#: gain `LINK_BONUS` on their rank score (plan sections only). A multi-hop question's second
-#: document is most often one its first document names (a hyperlink, in Wikipedia), while the
-#: walk also lifts the documents that mention the first one, which share the question's words
-#: more; 1 to 3 anchors and bonuses of 0.1 to 0.3 were compared on the dev sets
-#: (docs/benchmarks.md).
+#: gain `LINK_BONUS` / that document's rank on their rank score (plan sections only). A
+#: multi-hop question's second document is most often one its first document names (a
+#: hyperlink, in Wikipedia), while the walk also lifts the documents that mention the first
+#: one, which share the question's words more; 1 to 3 anchors and bonuses of 0.1 to 0.3 were
+#: compared on the dev sets (docs/benchmarks.md).
 LINK_ANCHORS = 2
 LINK_BONUS = 0.2
 GDS_YEN = "gds-yen"
@@ -236,7 +236,7 @@ class KnowledgeEngine:
         if method == GRAPH_PPR:
             with stages.stage("links") as span:
                 ranked = await self._follow_links(tenant, ranked, k, names)
-                span.set_attribute("pml.linked_chunks", sum(bool(c.named_by) for c in ranked))
+                span.set_attribute("pml.linked_chunks", sum(bool(c.named_by) for c in ranked[:k]))
         answer.chunks = [*ranked[:k], *extra]
         return answer
 
@@ -348,11 +348,11 @@ class KnowledgeEngine:
             for key in mentioned.get(context_id, ()):
                 for topic in names.named.get(key, ()):
                     named_by.setdefault(topic, (context_id, LINK_BONUS / rank))
-        linked = {  # section -> what names it, by the best anchor naming one of its topics
-            context_id: max((named_by[t] for t in under if t in named_by), key=lambda n: n[1])
-            for context_id, under in topics.items()
-            if any(t in named_by for t in under)
-        }
+        linked: dict[str, tuple[str, float]] = {}  # section -> its best namer and bonus
+        for context_id, under in topics.items():
+            namers = [named_by[t] for t in under if t in named_by]
+            if namers:
+                linked[context_id] = max(namers, key=lambda namer: namer[1])
         return _ranked(
             replace(
                 c,
