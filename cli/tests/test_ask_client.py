@@ -10,26 +10,21 @@ from pml.v1 import knowledge_pb2
 from pml_cli.ask_client import print_answer
 
 
+def chunk(document: str, plan_weight: float, named_by: str = "") -> knowledge_pb2.EvidenceChunk:
+    return knowledge_pb2.EvidenceChunk(
+        document_id=document,
+        context_id=f"sec:{document}",
+        text=f"The text of {document}.",
+        score=1.0 + plan_weight,
+        plan_weight=plan_weight,
+        named_by=named_by,
+    )
+
+
 def test_a_followed_link_shows_which_answer_names_the_document() -> None:
     reply = knowledge_pb2.AskResponse(
         mode=knowledge_pb2.ANSWER_MODE_ANCHORED,
-        chunks=[
-            knowledge_pb2.EvidenceChunk(
-                document_id="kate",
-                context_id="sec:kate",
-                text="Kate, of Neighbours.",
-                score=1.8,
-                plan_weight=1.0,
-            ),
-            knowledge_pb2.EvidenceChunk(
-                document_id="neighbours",
-                context_id="sec:neighbours",
-                text="A serial.",
-                score=0.8,
-                plan_weight=0.4,
-                named_by="sec:kate",
-            ),
-        ],
+        chunks=[chunk("kate", 1.0), chunk("neighbours", 0.4, named_by="sec:kate")],
     )
     out = io.StringIO()
     print_answer(Console(file=out, width=200), "Who created the series?", reply)
