@@ -7,7 +7,14 @@ import numpy as np
 from pml_shgat.params import Params, init_params, make_config
 from pml_shgat.serving import ServingModel
 from pml_shgat.synthetic import SyntheticQuery, SyntheticTask, synthetic_task
-from pml_shgat.training import ANCHOR_PULL, ShgatTrainer, make_batch, path_examples
+from pml_shgat.training import (
+    ANCHOR_PULL,
+    IterateMean,
+    ShgatTrainer,
+    averaged_steps,
+    make_batch,
+    path_examples,
+)
 
 
 def _recall_at_5(model: ServingModel, queries: list[SyntheticQuery]) -> float:
@@ -91,3 +98,18 @@ def test_the_anchor_keeps_the_sign_a_model_started_from() -> None:
     for name in ("W_q", "W_k"):
         along = np.sum(trained[name] * flipped[name], axis=1)
         assert np.all(along > 0), (name, along)
+
+
+def test_the_iterate_mean_is_the_mean_of_the_parameters_added() -> None:
+    sets = [{"W": np.full((2, 2), float(i)), "a": np.arange(3.0) * i} for i in (1, 2, 6)]
+    mean = IterateMean()
+    for params in sets:
+        mean.add(params)
+    assert mean.count == 3
+    np.testing.assert_allclose(mean.mean["W"], np.full((2, 2), 3.0))
+    np.testing.assert_allclose(mean.mean["a"], np.arange(3.0) * 3.0)
+    assert sets[0]["W"][0, 0] == 1.0  # the parameters added are not changed
+
+
+def test_a_round_averages_its_last_half_and_at_least_one_step() -> None:
+    assert [averaged_steps(n) for n in (1, 2, 3, 30)] == [1, 1, 2, 15]

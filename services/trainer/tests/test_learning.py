@@ -22,8 +22,9 @@ from pml_common.tool_graph import ToolGraph, read_tool_graph
 from pml_shgat.gating import FRESHER_GROWTH, WEIGHT_GRID
 from pml_shgat.hierarchy import Hierarchy
 from pml_shgat.memory import memory_from_bytes
-from pml_shgat.params import from_bytes, init_params, make_config, to_bytes
+from pml_shgat.params import Params, from_bytes, init_params, make_config, to_bytes
 from pml_shgat.serving import ServingModel
+from pml_shgat.training import Batch, ShgatTrainer, StepStats, averaged_steps
 from pml_trainer.graph_store import GraphStore
 from pml_trainer.holdout import HoldOut
 from pml_trainer.learning import LearningConfig, LearningLoop, RoundAbandoned
@@ -201,6 +202,34 @@ async def test_a_rounds_training_follows_the_executions_its_model_has_not_learne
     assert first.metrics["steps"] == math.ceil(draws * 6 / batch)
     assert second.metrics["steps"] == math.ceil(draws * 2 / batch)
     assert second.metrics["steps"] < first.metrics["steps"] < LEARNING.steps
+
+
+async def test_a_round_publishes_the_mean_of_its_last_iterates(
+    rig: Rig, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    iterates: list[Params] = []
+    step = ShgatTrainer.step
+
+    def recorded(trainer: ShgatTrainer, batch: Batch) -> StepStats:
+        stats = step(trainer, batch)
+        iterates.append(trainer.params)
+        return stats
+
+    monkeypatch.setattr(ShgatTrainer, "step", recorded)
+    await _add_traces(rig, tenant)
+    lease = await rig.lock.try_acquire()
+    assert lease is not None
+    async with rig.lock.hold(lease):
+        record = await rig.loop.train_round(tenant, lease)
+    current = await rig.registry.current(tenant)
+    assert record is not None and current is not None and current[0].version == record.version
+    steps = int(record.metrics["steps"])
+    assert len(iterates) == steps >= 4
+    last = iterates[-averaged_steps(steps) :]
+    _, published = from_bytes(current[1])
+    for name, value in published.items():
+        np.testing.assert_allclose(value, np.mean([p[name] for p in last], axis=0), atol=1e-9)
+    assert not all(np.allclose(published[n], iterates[-1][n]) for n in published)
 
 
 def test_a_round_runs_one_step_at_least_and_its_most_at_most() -> None:

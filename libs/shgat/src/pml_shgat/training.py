@@ -17,6 +17,7 @@ rounds run.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -133,6 +134,35 @@ def loss(
 
 def _bce(logits: Array, labels: Array) -> Array:
     return anp.logaddexp(0.0, logits) - labels * logits
+
+
+#: Share of a round's last steps whose parameters are averaged into the round's result
+#: (`IterateMean`).
+AVERAGED_SHARE = 0.5
+
+
+def averaged_steps(steps: int) -> int:
+    """How many of a round's last `steps` are averaged (at least the last one)."""
+    return max(1, math.ceil(AVERAGED_SHARE * steps))
+
+
+@dataclass
+class IterateMean:
+    """The running mean of the parameters after several steps (stochastic weight averaging,
+    Izmailov et al. 2018). A few dozen Adam steps on a few hundred executions end at a noisy
+    point of a wide basin; the mean of the last iterates lies nearer its middle, and ranks
+    requests it did not train on better (docs/benchmarks.md)."""
+
+    count: int = 0
+    mean: Params = field(default_factory=dict)
+
+    def add(self, params: Params) -> None:
+        self.count += 1
+        if self.count == 1:
+            self.mean = {name: np.array(value, dtype=np.float64) for name, value in params.items()}
+            return
+        for name, value in params.items():
+            self.mean[name] += (np.asarray(value) - self.mean[name]) / self.count
 
 
 @dataclass

@@ -49,7 +49,13 @@ from pml_shgat.hierarchy import Hierarchy
 from pml_shgat.memory import CAPACITY, Execution, MemoryRanker, ServedMemory, fit
 from pml_shgat.params import Params, ShgatConfig, from_bytes, init_params, make_config, to_bytes
 from pml_shgat.serving import ServingModel
-from pml_shgat.training import ShgatTrainer, make_batch, path_examples
+from pml_shgat.training import (
+    IterateMean,
+    ShgatTrainer,
+    averaged_steps,
+    make_batch,
+    path_examples,
+)
 from pml_trainer.evaluation import TenantView, build_view, hierarchy_of, without_workflows
 from pml_trainer.handlers import Publisher
 from pml_trainer.holdout import HoldOut
@@ -196,11 +202,15 @@ class LearningLoop:
         config, params, learned = self._starting_point(tenant, hierarchy, published)
         trainer = ShgatTrainer(config, params, hierarchy, self._config.learning_rate)
         losses, errors = [], []
-        for _ in range(self._config.round_steps(upto - learned)):
+        steps = self._config.round_steps(upto - learned)
+        averaged = IterateMean()  # the round's result: the mean of its last iterates
+        for step in range(steps):
             _check(lease, stop)
             loss, td = await self._step(tenant, trainer, hierarchy)
             losses.append(loss)
             errors.append(td)
+            if step >= steps - averaged_steps(steps):
+                averaged.add(trainer.params)
         _check(lease, stop)
         metrics = {
             "loss": float(np.mean(losses[-5:])),
@@ -218,7 +228,7 @@ class LearningLoop:
             hierarchy,
             published,
             config,
-            trainer.params,
+            averaged.mean,
             metrics,
             wall_start,
             remembered,
