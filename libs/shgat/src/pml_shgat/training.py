@@ -12,7 +12,8 @@ each round continuing from the serving model; trained further on the same execut
 recalled them better and ranked new requests worse (docs/benchmarks.md). The trainer ties a
 round's steps to the executions it adds (`pml_trainer.learning`), and the pull holds each
 parameter within about `learning_rate / ANCHOR_PULL` of its untrained value, however many
-rounds run.
+rounds run. What a round publishes is the mean of its last iterates (`IterateMean`,
+`averaged_steps`), not its final one.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 A round trains one tenant: read its hierarchy from Neo4j, start from the tenant's current
 model in the registry (or the initial one), run PER batches for the executions that model has
-not learned from (`LearningConfig.round_steps`), and publish the result with the lease's
-fencing token. After each batch the sampled traces get new priorities from
-their TD error, `outcome − predictPathSuccess(intent, path)` under the updated model.
+not learned from (`LearningConfig.round_steps`), and publish the mean of the parameters after
+its last half of steps (`pml_shgat.training.IterateMean`) with the lease's fencing token. After
+each batch the sampled traces get new priorities from their TD error,
+`outcome − predictPathSuccess(intent, path)` under the updated model.
 
 Gate: a trained candidate is published only if it ranks the executed tools of held-back
 executions (`holdout`, traces no version trained on) better than the serving version and the
