@@ -13,8 +13,7 @@ the concept ↔ section graph (`propagation`, GDS `pageRank` when the plugin is 
 the best of them, and then follows the names its best answers write: the documents their text
 names (title links) gain on the others (`LINK_BONUS`, the `links` stage), as a reader follows a
 link from the first document of a multi-hop question to the second; `vector` is the plain
-baseline. Both graph methods search paths the same way
-and share every invariant below.
+baseline. Both graph methods search paths the same way and share every invariant below.
 
 Modes (§2.2, §8bis): REASONED when a selected path has evidence on its edges; ANCHORED when
 there is no such path but the question's concepts anchor it in the graph (mentions, topics);

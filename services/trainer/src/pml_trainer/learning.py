@@ -204,13 +204,14 @@ class LearningLoop:
         trainer = ShgatTrainer(config, params, hierarchy, self._config.learning_rate)
         losses, errors = [], []
         steps = self._config.round_steps(upto - learned)
+        first_averaged = steps - averaged_steps(steps)
         averaged = IterateMean()  # the round's result: the mean of its last iterates
         for step in range(steps):
             _check(lease, stop)
             loss, td = await self._step(tenant, trainer, hierarchy)
             losses.append(loss)
             errors.append(td)
-            if step >= steps - averaged_steps(steps):
+            if step >= first_averaged:
                 averaged.add(trainer.params)
         _check(lease, stop)
         metrics = {
