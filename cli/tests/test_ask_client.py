@@ -25,6 +25,7 @@ def test_a_followed_link_shows_which_answer_names_the_document() -> None:
     reply = knowledge_pb2.AskResponse(
         mode=knowledge_pb2.ANSWER_MODE_ANCHORED,
         chunks=[chunk("kate", 1.0), chunk("neighbours", 0.4, named_by="sec:kate")],
+        method="graph-ppr",
     )
     out = io.StringIO()
     print_answer(Console(file=out, width=200), "Who created the series?", reply)
@@ -34,3 +35,4 @@ def test_a_followed_link_shows_which_answer_names_the_document() -> None:
     }
     assert rows["neighbours"] and "0.40 · named by #1" in rows["neighbours"][0]
     assert rows["kate"] and not any("named by" in ln for ln in rows["kate"])
+    assert "(method: graph-ppr)" in out.getvalue()  # which method answered

@@ -329,12 +329,15 @@ def test_invariants_hold_on_every_answer(
     named = []
     linked = "Which digital workflow runs the executable contract?"
     for question, method in itertools.product(
-        (*QUESTIONS, linked, "Where do zebras graze at dawn?"), ("", "graph-ppr")
+        (*QUESTIONS, linked, "Where do zebras graze at dawn?"), ("graph-first", "", "graph-ppr")
     ):
         reply = ask(knowledge, a, question, k=8, method=method)
+        assert reply.method == (method or "graph-ppr")  # the default method
         # I1: the graph stages run before the vector store is read, in every mode
         stages = ["seeds", "paths", "plan", "embed", "vector"]
-        if method:  # the walk, and the names in the best answers followed after
+        if (
+            reply.method == "graph-ppr"
+        ):  # the walk, and the names in the best answers followed after
             stages = ["seeds", "paths", "propagate", "plan", "embed", "vector", "links"]
         assert [t.stage for t in reply.timings] == stages
         # I2: REASONED only with evidenced paths
@@ -374,6 +377,7 @@ def test_pml_ask_prints_the_answer(pml, tenants: tuple[str, str]) -> None:
     assert "REASONED" in shown.stdout and "PART_OF" in shown.stdout
     assert "The commercial proposal is part of Solution Quotation" in shown.stdout
     assert "commercial proposal (" in " ".join(shown.stdout.split())  # a seed, and why
+    assert "method: graph-ppr" in shown.stdout  # the default method, named
     as_json = pml("ask", AMBIGUOUS, "--tenant", a, "--json")
     reply = json.loads(as_json.stdout)
     assert reply["mode"] == "ANSWER_MODE_REASONED" and len(reply["chunks"]) == 8

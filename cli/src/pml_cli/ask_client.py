@@ -15,7 +15,7 @@ from pml_cli.client import channel
 from pml_common.settings import Settings
 
 #: `method` values of Ask; the first is the service's default.
-ASK_METHODS = ("graph-first", "vector", "graph-ppr")
+ASK_METHODS = ("graph-ppr", "graph-first", "vector")
 MODE_NAMES = {
     knowledge_pb2.ANSWER_MODE_REASONED: "REASONED",
     knowledge_pb2.ANSWER_MODE_ANCHORED: "ANCHORED",
@@ -141,8 +141,11 @@ def print_answer(console: Console, question: str, reply: knowledge_pb2.AskRespon
     header = Text()
     header.append(mode, style=_MODE_STYLE.get(mode, "bold"))
     header.append(f" — {_MODE_NOTE.get(mode, '')}")
+    details = [f"method: {reply.method}"] if reply.method else []
     if reply.path_finder:
-        header.append(f"   (paths: {reply.path_finder})", style="dim")
+        details.append(f"paths: {reply.path_finder}")
+    if details:
+        header.append(f"   ({', '.join(details)})", style="dim")
     seeds = ", ".join(_seed(s) for s in reply.seeds) or "none"
     parts: list[RenderableType] = [header, Text(f"seed concepts: {seeds}", style="dim")]
     if reply.paths:

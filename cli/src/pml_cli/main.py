@@ -349,10 +349,10 @@ def ask(
     method: Annotated[
         str,
         typer.Option(
-            help="graph-first (the runtime) | graph-ppr (with propagation from the question) "
-            "| vector (plain vector search)"
+            help="graph-ppr (the default: graph-first with propagation from the question) "
+            "| graph-first (the seeds' sections and one bridge hop) | vector (plain vector search)"
         ),
-    ] = "graph-first",
+    ] = "graph-ppr",
     tenant: TenantOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -473,9 +473,10 @@ def eval_knowledge(
     method: Annotated[
         str,
         typer.Option(
-            help="vector | graph-first | graph-ppr, or several: vector,graph-first,graph-ppr"
+            help="graph-ppr (Ask's default) | graph-first | vector, or several: "
+            "vector,graph-first,graph-ppr"
         ),
-    ] = "graph-first",
+    ] = "graph-ppr",
     max_questions: Annotated[int | None, typer.Option(help="Evaluate the first N only.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     per_query: Annotated[

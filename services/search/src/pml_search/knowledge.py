@@ -12,8 +12,9 @@ Methods: `graph-first` plans evidence by anchoring the seeds and one bridge hop
 the concept ↔ section graph (`propagation`, GDS `pageRank` when the plugin is present), plans
 the best of them, and then follows the names its best answers write: the documents their text
 names (title links) gain on the others (`LINK_BONUS`, the `links` stage), as a reader follows a
-link from the first document of a multi-hop question to the second; `vector` is the plain
-baseline. Both graph methods search paths the same way and share every invariant below.
+link from the first document of a multi-hop question to the second (the default method: it
+ranks better on every dev set, docs/benchmarks.md); `vector` is the plain baseline. Both graph
+methods search paths the same way and share every invariant below.
 
 Modes (§2.2, §8bis): REASONED when a selected path has evidence on its edges; ANCHORED when
 there is no such path but the question's concepts anchor it in the graph (mentions, topics);
@@ -155,8 +156,7 @@ class KnowledgeEngine:
         try:
             if method == VECTOR:
                 return await self._vector_only(tenant, k, embedding, stages)
-            graph_method = GRAPH_PPR if method == GRAPH_PPR else GRAPH_FIRST
-            return await self._graph_first(tenant, question, k, embedding, stages, graph_method)
+            return await self._graph_first(tenant, question, k, embedding, stages, method)
         finally:
             if not embedding.done():
                 embedding.cancel()
@@ -189,7 +189,7 @@ class KnowledgeEngine:
         k: int,
         embedding: asyncio.Task[np.ndarray],
         stages: Stages,
-        method: str = GRAPH_FIRST,
+        method: str,
     ) -> Answer:
         answer = Answer(Mode.TEXT_ONLY, method, [], [], EvidencePlan(), [], "", stages)
         with stages.stage("seeds") as span:

@@ -86,6 +86,7 @@ def answer_proto(answer: Answer) -> knowledge_pb2.AskResponse:
         path_finder=answer.path_finder,
         plan_context_ids=answer.plan.ordered(),
         topped_up_chunks=answer.topped_up,
+        method=answer.method,
     )
 
 

@@ -255,7 +255,9 @@ def _names(values: Sequence[str]) -> str:
 #: Evidence chunks an Ask returns when `k` is 0, and the most it may ask for.
 DEFAULT_ASK_K = 8
 MAX_ASK_K = 50
-ASK_METHODS = ("graph-first", "vector", "graph-ppr")
+#: The first is the default: propagation ranks better than the anchoring and bridge hop of
+#: `graph-first` on every dev set (docs/benchmarks.md), at a few milliseconds more per question.
+ASK_METHODS = ("graph-ppr", "graph-first", "vector")
 
 
 def question_of(question: str, settings: Settings) -> str:
@@ -272,8 +274,8 @@ def ask_k_of(k: int) -> int:
 
 
 def ask_method_of(method: str) -> str:
-    """`graph-first` (the default, also for ""), `graph-ppr` (graph-first with propagation) or
-    `vector` (the plain baseline)."""
+    """`graph-ppr` (the default, also for ""; graph-first with propagation), `graph-first`
+    (anchoring and one bridge hop) or `vector` (the plain baseline)."""
     value = method.strip().lower() or ASK_METHODS[0]
     if value not in ASK_METHODS:
         raise invalid_argument(
