@@ -331,6 +331,44 @@ async def test_concurrent_questions_share_one_read(engine: KnowledgeEngine, plan
     assert reads.graph_reads == 1 and all(g is graphs[0] for g in graphs)
 
 
+async def cached_within(propagation: Propagation, tenant: str, seconds: float) -> bool:
+    for _ in range(round(seconds / 0.01)):
+        if propagation.cached(tenant):
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+async def test_a_changed_tenant_is_read_again_before_its_next_question(
+    engine: KnowledgeEngine, planted: str
+) -> None:
+    reads = CountingReads(engine.reads)
+    propagation = Propagation(reads, warm_after_s=0.1)  # type: ignore[arg-type]
+    consumers = KnowledgeConsumers(engine.gds, propagation)
+    changed = Pass1Completed.create(tenant_id=planted, document_id="x")
+    await consumers.on_graph_changed(changed)  # never read yet: read 0.1 s after the change
+    await asyncio.sleep(0.05)
+    await consumers.on_graph_changed(changed)  # a change within the wait postpones the read
+    await asyncio.sleep(0.07)
+    assert not propagation.cached(planted) and reads.graph_reads == 0
+    # no question asks: the read happens in the background
+    assert await cached_within(propagation, planted, 3.0)
+    assert propagation.names_cached(planted) and reads.graph_reads == 1  # one for two changes
+    # a tenant whose reads are slow is read again only after 20 times as long (its cost bounded)
+    reads.delay_s = 0.1
+    await consumers.on_graph_changed(changed)
+    assert await cached_within(propagation, planted, 3.0)
+    assert reads.graph_reads == 2
+    await consumers.on_graph_changed(changed)
+    assert not await cached_within(propagation, planted, 1.5)  # 20 × the last reads' 0.1 s
+    assert await cached_within(propagation, planted, 3.0)
+    # a stopping service drops the reads it scheduled
+    await consumers.on_graph_changed(changed)
+    await propagation.close()
+    await asyncio.sleep(0.3)
+    assert not propagation.cached(planted) and reads.graph_reads == 3
+
+
 class SlowLoads:
     """A loader whose reads take `load_s` and return numbered versions; `release` lets a read
     that was asked to wait finish."""
@@ -388,9 +426,11 @@ class CountingReads:
     def __init__(self, reads: KnowledgeReads) -> None:
         self._reads = reads
         self.graph_reads = 0
+        self.delay_s = 0.0
 
     async def graph(self, tenant: str) -> GraphRows:
         self.graph_reads += 1
+        await asyncio.sleep(self.delay_s)
         return await self._reads.graph(tenant)
 
     async def names(self, tenant: str) -> list[NameRow]:

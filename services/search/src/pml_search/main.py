@@ -117,6 +117,7 @@ class SearchApp:
         await self._server.stop()
         await self.bus.stop()
         await self.chunks.stop()  # the chunks' re-embedding, if it still runs
+        await self.knowledge.propagation.close()  # its graphs read ahead of questions
         await destroy_replica_group(self._redis, self._cache_group, CACHE_EVENTS)
         await destroy_replica_group(self._redis, self._knowledge_group, KNOWLEDGE_CACHE_EVENTS)
         await self._driver.close()
