@@ -44,5 +44,8 @@ async def engine(settings: Settings, redis, graph_db) -> AsyncIterator[Knowledge
     chunks = ChunkIndex(store, build_passage_embedder(settings, redis))
     await chunks.start()
     reads = KnowledgeReads(graph_db, settings.neo4j_database)
-    yield KnowledgeEngine(reads, GdsPaths(reads.read, "test"), chunks)
+    engine = KnowledgeEngine(reads, GdsPaths(reads.read, "test"), chunks)
+    yield engine
+    await engine.propagation.close()  # its reads ahead, as the service does when it stops
+    await chunks.stop()
     await store.close()

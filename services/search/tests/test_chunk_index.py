@@ -36,6 +36,7 @@ async def index(settings: Settings, redis) -> AsyncIterator[ChunkIndex]:
     chunks = ChunkIndex(store, build_passage_embedder(settings, redis))
     await chunks.start()
     yield chunks
+    await chunks.stop()
     await store.close()
 
 

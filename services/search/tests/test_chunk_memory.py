@@ -105,6 +105,7 @@ async def test_a_load_that_raced_with_a_write_is_served_but_not_kept(
     gate.set()
     assert texts(await load) == ["a"]
     assert texts(await memory.chunks(tenant)) == ["a", "b"]  # not the stale read
+    await memory.close()
 
 
 async def test_tenant_ids_asked_about_or_invalidated_leave_nothing_behind(
@@ -116,4 +117,32 @@ async def test_tenant_ids_asked_about_or_invalidated_leave_nothing_behind(
         assert chunks.points == []
     for t in asked:
         memory.invalidate(t)
+    assert held(memory) == 0
+    await memory.close()
+
+
+async def test_written_chunks_are_read_again_before_the_next_question(
+    store: HeldScans, tenant: str
+) -> None:
+    memory = ChunkMemory(store, COLLECTION, DIM, read_ahead_s=0.05)
+    await write(store, tenant, ["a"])
+    assert texts(await memory.chunks(tenant)) == ["a"]
+    scanned, gate = store.hold()
+    gate.set()
+    await write(store, tenant, ["b"])
+    memory.invalidate(tenant)  # as ChunkIndex does after a write
+    await asyncio.wait_for(scanned.wait(), 3.0)  # read with no question asked
+    for _ in range(100):
+        if held(memory) == 1:
+            break
+        await asyncio.sleep(0.01)
+    # the next question finds them in memory: it reads nothing
+    unread, _ = store.hold()
+    assert texts(await asyncio.wait_for(memory.chunks(tenant), 1.0)) == ["a", "b"]
+    assert not unread.is_set()
+    # a stopping service drops the reads it scheduled
+    store.held = None
+    memory.invalidate(tenant)
+    await memory.close()
+    await asyncio.sleep(0.2)
     assert held(memory) == 0

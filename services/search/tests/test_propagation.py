@@ -343,7 +343,7 @@ async def test_a_changed_tenant_is_read_again_before_its_next_question(
     engine: KnowledgeEngine, planted: str
 ) -> None:
     reads = CountingReads(engine.reads)
-    propagation = Propagation(reads, warm_after_s=0.1)  # type: ignore[arg-type]
+    propagation = Propagation(reads, read_ahead_s=0.1)  # type: ignore[arg-type]
     consumers = KnowledgeConsumers(engine.gds, propagation)
     changed = Pass1Completed.create(tenant_id=planted, document_id="x")
     await consumers.on_graph_changed(changed)  # never read yet: read 0.1 s after the change

@@ -148,7 +148,10 @@ class ChunkIndex:
             self._reembedding = asyncio.create_task(reembed, name="pml-chunks-reembed")
 
     async def stop(self) -> None:
-        """Stop re-embedding after the batch under way (cancelled after `STOP_GRACE_S`)."""
+        """Stop re-embedding after the batch under way (cancelled after `STOP_GRACE_S`), and
+        reading chunks ahead of questions."""
+        if self._memory is not None:
+            await self._memory.close()
         task = self._reembedding
         if task is None:
             return

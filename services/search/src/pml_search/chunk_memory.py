@@ -6,8 +6,10 @@ thousand chunks. It also belongs to one process, the search service, through whi
 goes. So, with it, `ChunkIndex` keeps each tenant's chunks here (unit vectors and payloads,
 loaded on first use) and answers filtered searches with numpy: the rows of the requested
 sections (`context_id`) or documents, scored by dot product, exactly as Qdrant's cosine would.
-Every write through `ChunkIndex` invalidates the tenant; a load that raced with a write is not
-kept. With a Qdrant server, filters run in Qdrant on its payload indexes and this is not used.
+Every write through `ChunkIndex` invalidates the tenant, and its chunks are read again once its
+writes have been quiet for a while (`pml_search.read_ahead`), so the first question after an
+ingestion does not wait for them; a load that raced with a write is not kept. With a Qdrant
+server, filters run in Qdrant on its payload indexes and this is not used.
 
 Memory: at most `max_chunks` chunks over all tenants are kept (`PML_SEARCH_CHUNK_CACHE_MAX_CHUNKS`);
 the least recently used tenants are dropped and read again from the store on their next Ask.
@@ -18,6 +20,7 @@ runs or waits, so Asks naming any tenant cannot grow memory.
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,6 +30,7 @@ import numpy as np
 from pml_common.settings import Settings
 from pml_common.tenant_cache import TenantCache
 from pml_search.ranking import top_k_indices
+from pml_search.read_ahead import DELAY_S, ReadAhead
 from pml_search.vector_store import VectorPoint, VectorStore
 
 
@@ -44,6 +48,8 @@ class TenantChunks:
     vectors: np.ndarray
     by_context: dict[str, list[int]] = field(default_factory=dict)
     by_document: dict[str, list[int]] = field(default_factory=dict)
+    #: how long reading them from the store took
+    load_s: float = 0.0
 
     @classmethod
     def of(cls, points: Sequence[VectorPoint], dim: int) -> TenantChunks:
@@ -108,7 +114,12 @@ class ChunkMemory:
     """Tenant → its chunks in memory, loaded from the store on first use."""
 
     def __init__(
-        self, store: VectorStore, collection: str, dim: int, max_chunks: int = MAX_CHUNKS
+        self,
+        store: VectorStore,
+        collection: str,
+        dim: int,
+        max_chunks: int = MAX_CHUNKS,
+        read_ahead_s: float = DELAY_S,
     ) -> None:
         self._store = store
         self._collection = collection
@@ -121,10 +132,17 @@ class ChunkMemory:
         # runs; and the locks, forgotten once nobody holds or waits for them.
         self._loading: dict[str, _Load] = {}
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._read_ahead = ReadAhead("search.chunks", self.chunks, read_ahead_s)
+
+    async def close(self) -> None:
+        """Drops the reads ahead (the service is stopping)."""
+        await self._read_ahead.close()
 
     def invalidate(self, tenant: str) -> None:
-        """The tenant's chunks changed in the store: load them again on next use."""
-        self._tenants.pop(tenant)
+        """The tenant's chunks changed in the store: load them again before its next question
+        (`pml_search.read_ahead`) or on it."""
+        dropped = self._tenants.pop(tenant)
+        self._read_ahead.changed(tenant, dropped.load_s if dropped is not None else 0.0)
         load = self._loading.get(tenant)
         if load is not None:  # it may have read the store before the write: not to be kept
             load.stale = True
@@ -138,11 +156,13 @@ class ChunkMemory:
             if cached is not None:
                 return cached
             load = self._loading[tenant] = _Load()
+            started = time.monotonic()
             try:
                 points = await self._store.scan(self._collection, {"tenant_id": tenant})
             finally:
                 del self._loading[tenant]
             loaded = TenantChunks.of(points, self._dim)
+            loaded.load_s = time.monotonic() - started
             # An empty tenant is not kept: any tenant id may be asked about.
             if points and not load.stale:
                 self._tenants.put(tenant, loaded)

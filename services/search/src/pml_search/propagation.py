@@ -49,21 +49,20 @@ its questions are answered from the graph read before the change while the new o
 answers a read later. A small tenant's question always waits for the new graph, and a
 document's or tenant's deletion drops the old graph at once (nothing deleted is planned again).
 
-Nor does a question wait for the read after an ingestion: once a tenant's graph has not
-changed for `WARM_AFTER_S` (and 20 times as long as its last read took, `WARM_COST_RATIO`), its
-names and graph are read in the background; a tenant being ingested is read once it is quiet,
-not after each pass event, so the first question after an ingestion finds them read (on
-MuSiQue's 1,890 documents that read takes about 3.5 s, the names most of it). A tenant's
-first question after the service starts still waits for it.
+Nor does a question wait for the read after an ingestion: once a tenant's graph has been quiet
+for a while, its names and graph are read in the background (`pml_search.read_ahead`), so the
+first question after an ingestion finds them read (on MuSiQue's 1,890 documents that read takes
+about 2 s, the names most of it). A tenant's first question after the service starts still
+waits for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import numpy as np
 import structlog
@@ -72,6 +71,7 @@ from scipy import sparse
 
 from pml_common.embedding import Embedder
 from pml_common.tenant_cache import TenantCache
+from pml_search import read_ahead
 from pml_search.evidence_plan import SUBSUMED_FACTOR, Seed
 from pml_search.knowledge_reads import GraphRows, KnowledgeReads
 from pml_search.seed_linking import Draft, NameIndex, title_links
@@ -110,12 +110,6 @@ DENSE_SYNC_NAMES = 2_000
 #: A tenant whose last read took this long is answered from its previous graph while the new
 #: one is read (see the module doc).
 STALE_AFTER_S = 1.0
-#: A tenant's names and graph are read again this long after the last change to them, before
-#: any question asks (see the module doc); each change within that time postpones the read.
-WARM_AFTER_S = 5.0
-#: ... and at least this many times as long as its last reads took, so that reading ahead costs
-#: a tenant that ingests a document now and then at most a twentieth of a core.
-WARM_COST_RATIO = 20.0
 
 V = TypeVar("V")
 
@@ -388,60 +382,32 @@ class Propagation:
         reads: KnowledgeReads,
         capacity: int = CACHE_MAX_WEIGHT,
         names_embedder: Embedder | None = None,
-        warm_after_s: float = WARM_AFTER_S,
+        read_ahead_s: float = read_ahead.DELAY_S,
     ) -> None:
         self._reads = reads
-        self._warm_after_s = warm_after_s
-        #: tenants whose graph changed, each with its pending background read
-        self._warms: dict[str, asyncio.TimerHandle] = {}
         #: embeds the entities' and topics' names for dense links (none: no dense links)
         self._names_embedder = names_embedder
-        #: background work: name vectors being computed, graphs being read ahead of questions
-        self._background: set[asyncio.Task[None]] = set()
+        self._embeddings: set[asyncio.Task[None]] = set()
         self._graphs = _TenantLoads(
             "knowledge-propagation", capacity, lambda g: g.weight, self._load
         )
         self._names = _TenantLoads(
             "knowledge-names", NAMES_MAX_WEIGHT, lambda n: n.weight, self._load_names
         )
+        #: reads the graph, and through it the names
+        self._read_ahead = read_ahead.ReadAhead("knowledge-propagation", self.graph, read_ahead_s)
 
     def invalidate(self, tenant: str, removed: bool = False) -> None:
         """The tenant's graph changed: read it (and its names) again on next use; `removed`:
         by a deletion (see the module doc)."""
+        last_read_s = self._graphs.load_s(tenant) + self._names.load_s(tenant)
         self._graphs.invalidate(tenant, removed)
         self._names.invalidate(tenant, removed)
-        pending = self._warms.pop(tenant, None)
-        if pending is not None:
-            pending.cancel()
-        last_reads_s = self._graphs.load_s(tenant) + self._names.load_s(tenant)
-        self._warms[tenant] = asyncio.get_running_loop().call_later(
-            max(self._warm_after_s, WARM_COST_RATIO * last_reads_s), self._warm, tenant
-        )
-
-    def _warm(self, tenant: str) -> None:
-        del self._warms[tenant]
-        self._in_background(self._read_ahead(tenant))
-
-    async def _read_ahead(self, tenant: str) -> None:
-        """Reads the tenant's names and graph before its next question asks for them."""
-        try:
-            await self.graph(tenant)
-        except Exception:  # the next question reads them again, and says why if it fails
-            log.exception("knowledge.read_ahead_failed", tenant=tenant)
-
-    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._read_ahead.changed(tenant, last_read_s)
 
     async def close(self) -> None:
-        """Drops the background work and the reads scheduled ahead (the service is stopping)."""
-        for pending in self._warms.values():
-            pending.cancel()
-        self._warms.clear()
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        """Drops the reads ahead (the service is stopping)."""
+        await self._read_ahead.close()
 
     def cached(self, tenant: str) -> bool:
         return self._graphs.cached(tenant)
@@ -465,7 +431,9 @@ class Propagation:
         if len(index.dense_names) <= DENSE_SYNC_NAMES:
             await self._embed_names(tenant, index, self._names_embedder)
         else:
-            self._in_background(self._embed_names(tenant, index, self._names_embedder))
+            task = asyncio.create_task(self._embed_names(tenant, index, self._names_embedder))
+            self._embeddings.add(task)
+            task.add_done_callback(self._embeddings.discard)
         return index
 
     @staticmethod
@@ -485,8 +453,8 @@ class Propagation:
         )
 
     async def settle(self) -> None:
-        """Waits for the background work: name vectors, and reads ahead already started."""
-        await asyncio.gather(*self._background)
+        """Waits for the name vectors being computed in the background."""
+        await asyncio.gather(*self._embeddings)
 
     async def embed_spans(self, names: NameIndex, draft: Draft) -> dict[str, np.ndarray]:
         """The unit vectors of a question's unlinked named spans, for dense links: none
