@@ -47,11 +47,15 @@ class ReadAhead:
     def changed(self, tenant: str, last_read_s: float) -> None:
         """The tenant's data changed: read it once it has been quiet (postponed by each change).
         `last_read_s`: how long its last read took, when known (else 0)."""
+        self.drop(tenant)
+        delay = max(self._delay_s, self._cost_ratio * last_read_s)
+        self._scheduled[tenant] = asyncio.get_running_loop().call_later(delay, self._start, tenant)
+
+    def drop(self, tenant: str) -> None:
+        """No read ahead for the tenant until its next change (it was deleted from)."""
         pending = self._scheduled.pop(tenant, None)
         if pending is not None:
             pending.cancel()
-        delay = max(self._delay_s, self._cost_ratio * last_read_s)
-        self._scheduled[tenant] = asyncio.get_running_loop().call_later(delay, self._start, tenant)
 
     def _start(self, tenant: str) -> None:
         del self._scheduled[tenant]
