@@ -38,3 +38,13 @@ def test_french_noun_phrases_keep_their_complement() -> None:
     found = _concepts("La gestion des devis prépare chaque offre pour le client.", "fr")
     assert {"gestion des devis", "offre", "client"} <= set(found)
     assert found[canonical_key("la gestion des devis")][0] == "gestion des devis"
+
+
+def test_a_name_read_as_an_amount_stays_a_concept_and_amounts_do_not() -> None:
+    text = (
+        "Her first novel was published by Two Dollar Radio in September 2010. Two Hundred "
+        "copies sold on the first day, at Five Dollars each."
+    )
+    found = _concepts(text, "en")
+    assert found["two dollar radio"][:2] == ("Two Dollar Radio", "ENTITY")  # spaCy: MONEY
+    assert "two hundred" not in found and "five dollar" not in found  # amounts stay values

