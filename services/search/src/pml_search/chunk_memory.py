@@ -52,13 +52,13 @@ class TenantChunks:
     load_s: float = 0.0
 
     @classmethod
-    def of(cls, points: Sequence[VectorPoint], dim: int) -> TenantChunks:
+    def of(cls, points: Sequence[VectorPoint], dim: int, load_s: float = 0.0) -> TenantChunks:
         vectors = (
             np.asarray([p.vector for p in points], dtype=np.float32)
             if points
             else np.zeros((0, dim), dtype=np.float32)
         )
-        chunks = cls(list(points), vectors)
+        chunks = cls(list(points), vectors, load_s=load_s)
         for row, point in enumerate(points):
             chunks.by_context.setdefault(str(point.payload.get("context_id")), []).append(row)
             chunks.by_document.setdefault(str(point.payload.get("document_id")), []).append(row)
@@ -161,8 +161,7 @@ class ChunkMemory:
                 points = await self._store.scan(self._collection, {"tenant_id": tenant})
             finally:
                 del self._loading[tenant]
-            loaded = TenantChunks.of(points, self._dim)
-            loaded.load_s = time.monotonic() - started
+            loaded = TenantChunks.of(points, self._dim, time.monotonic() - started)
             # An empty tenant is not kept: any tenant id may be asked about.
             if points and not load.stale:
                 self._tenants.put(tenant, loaded)

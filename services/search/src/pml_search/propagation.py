@@ -400,13 +400,14 @@ class Propagation:
     def invalidate(self, tenant: str, removed: bool = False) -> None:
         """The tenant's graph changed: read it (and its names) again on next use; `removed`:
         by a deletion (see the module doc)."""
-        last_read_s = self._graphs.load_s(tenant) + self._names.load_s(tenant)
         self._graphs.invalidate(tenant, removed)
         self._names.invalidate(tenant, removed)
         if removed:  # a deleted tenant is not read again; after a document's deletion, on ask
             self._read_ahead.drop(tenant)
         else:
-            self._read_ahead.changed(tenant, last_read_s)
+            self._read_ahead.changed(
+                tenant, self._graphs.load_s(tenant) + self._names.load_s(tenant)
+            )
 
     async def close(self) -> None:
         """Drops the reads ahead (the service is stopping)."""
