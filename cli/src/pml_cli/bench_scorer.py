@@ -44,6 +44,7 @@ from pml_common.tool_first_stage import FusedFirstStage
 from pml_scorer.models import TenantModel
 from pml_scorer.service import ScorerServicer
 from pml_scorer.snapshots import ModelSnapshots
+from pml_shgat.gating import Weights
 from pml_shgat.hierarchy import CapabilityInput, Hierarchy, normalise_rows
 from pml_shgat.memory import CAPACITY, FEATURES, Execution, MemoryRanker, ServedMemory
 from pml_shgat.params import init_params, make_config
@@ -149,7 +150,8 @@ def _synthetic_memory(
 
 class _FixedBuilder:
     """Hands the synthetic model to the snapshot holder (no Neo4j at this size), served as a
-    published version with both corrections at weight 1."""
+    published version with SHGAT's and the memory's corrections at weight 1 (its tools have
+    no tool-embedder vectors, so no query adapter)."""
 
     def __init__(self, model: ServingModel, memory: ServedMemory) -> None:
         self._model = model
@@ -168,9 +170,8 @@ class _FixedBuilder:
             graph_digest=b"",
             registry_version=None,
             baseline=self._first_stage,
-            weight=1.0,
+            weights=Weights(shgat=1.0, memory=1.0),
             memory=self._memory,
-            memory_weight=1.0,
         )
 
 

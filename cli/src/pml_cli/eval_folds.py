@@ -240,10 +240,10 @@ def learn_from(
         served = wait_for_model(settings, tenant, len(events))
     verdict = "admitted" if served.admitted else "rejected by the trainer's gate"
     verdict = verdict if served.complete else served.note
-    w, m = served.weights
+    w, m, a = served.weights
     console.log(
         f"{label}: serving model {served.version or '(first stage)'} (weights: SHGAT {w:g}, "
-        f"memory {m:g}); last one {verdict}"
+        f"memory {m:g}, adapter {a:g}); last one {verdict}"
     )
     return served
 
@@ -324,8 +324,9 @@ class ServedModel:
     admitted: bool
     complete: bool = True
     note: str = ""
-    #: The served version's weights of SHGAT's correction and of the execution memory's.
-    weights: tuple[float, float] = (0.0, 0.0)
+    #: The served version's weights of SHGAT's correction, the execution memory's and the
+    #: query adapter's.
+    weights: tuple[float, float, float] = (0.0, 0.0, 0.0)
     #: The trainer's gate figures of the served version (`gate_figures`), and of the candidate
     #: it rejected last when that one accounts for every execution: what the gate chose on.
     gate: dict[str, float] = field(default_factory=dict)
@@ -367,7 +368,11 @@ def wait_for_model(settings: Settings, tenant: str, executions: int) -> ServedMo
             time.sleep(1.0)
             continue
         version = str(info.version)
-        weights = (float(info.correction_weight), float(info.memory_weight))
+        weights = (
+            float(info.correction_weight),
+            float(info.memory_weight),
+            float(info.adapter_weight),
+        )
         gate = gate_figures(info.metrics)
         if covered(info.metrics) >= executions:
             return ServedModel(version, True, weights=weights, gate=gate)

@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 
 from pml_shgat.gating import (
+    ADAPTER_GRID,
     FRESHER,
     MIN_NOVEL,
     MRR_TOLERANCE,
     WEIGHT_GRID,
     WITHDRAWN,
+    Corrections,
     Figures,
     Judged,
     better,
@@ -64,15 +66,17 @@ def test_a_correction_that_points_at_the_executed_tools_gets_a_weight_and_is_adm
     judged = [Judged((int(i),)) for i in rng.integers(0, 20, size=30)]
     first = [rng.random(20) for _ in judged]
     knows = [np.eye(20)[j.relevant[0]] for j in judged]
-    verdict = judge(first, first, knows, judged, min_judged=3)
-    assert verdict.accepted and verdict.weight in WEIGHT_GRID and verdict.weight > 0
+    verdict = judge(first, first, Corrections(knows), judged, min_judged=3)
+    assert verdict.accepted and verdict.weights.shgat in WEIGHT_GRID and verdict.weights.shgat > 0
     assert verdict.candidate.recall_at_1 == 1.0 > verdict.first_stage.recall_at_1
     # the same candidate, against a serving version that is as good: not admitted
-    serving = [served_scores(f, k, verdict.weight) for f, k in zip(first, knows, strict=True)]
-    again = judge(first, serving, knows, judged, min_judged=3)
+    serving = [
+        served_scores(f, k, verdict.weights.shgat) for f, k in zip(first, knows, strict=True)
+    ]
+    again = judge(first, serving, Corrections(knows), judged, min_judged=3)
     assert not again.accepted and "serving" in again.reason
     # too few held-back executions: not admitted, whatever the figures
-    few = judge(first[:2], first[:2], knows[:2], judged[:2], min_judged=3)
+    few = judge(first[:2], first[:2], Corrections(knows[:2]), judged[:2], min_judged=3)
     assert not few.accepted and few.candidate.count == 2
 
 
@@ -84,17 +88,17 @@ def test_a_tie_with_the_serving_version_is_admitted_only_when_fresher_and_better
     first = [rng.random(20) for _ in judged]
     knows = [np.eye(20)[j.relevant[0]] for j in judged]
     serving = [served_scores(f, k, 8.0) for f, k in zip(first, knows, strict=True)]
-    stale = judge(first, serving, knows, judged, min_judged=3)
+    stale = judge(first, serving, Corrections(knows), judged, min_judged=3)
     assert not stale.accepted and "serving" in stale.reason
-    fresher = judge(first, serving, knows, judged, min_judged=3, fresher=True)
-    assert fresher.accepted and fresher.reason == FRESHER and fresher.weight > 0.0
+    fresher = judge(first, serving, Corrections(knows), judged, min_judged=3, fresher=True)
+    assert fresher.accepted and fresher.reason == FRESHER and fresher.weights.shgat > 0.0
     # fresher, but worse than what is served: not admitted
     wrong = [np.eye(20)[(j.relevant[0] + 1) % 20] for j in judged]
-    worse = judge(first, serving, wrong, judged, min_judged=3, fresher=True)
+    worse = judge(first, serving, Corrections(wrong), judged, min_judged=3, fresher=True)
     assert not worse.accepted and better(worse.serving, worse.candidate)
     # fresher and tied, but with nothing over the first stage (first stage served): not admitted
     useless = [np.zeros(20) for _ in judged]
-    idle = judge(first, first, useless, judged, min_judged=3, fresher=True)
+    idle = judge(first, first, Corrections(useless), judged, min_judged=3, fresher=True)
     assert not idle.accepted
 
 
@@ -119,11 +123,11 @@ def _seen_and_novel(rng: np.random.Generator, novel: int) -> tuple[list[Judged],
 
 def test_a_weight_that_hurts_novel_executions_is_not_chosen() -> None:
     judged, first, correction = _seen_and_novel(np.random.default_rng(2), novel=MIN_NOVEL + 3)
-    verdict = judge(first, first, correction, judged, min_judged=3)
+    verdict = judge(first, first, Corrections(correction), judged, min_judged=3)
     # without the novel ones' veto, the weight that ranks all held-back executions best is larger
     unflagged = [Judged(j.relevant) for j in judged]
     unguarded, _ = choose_weight(first, correction, unflagged)
-    assert unguarded > verdict.weight
+    assert unguarded > verdict.weights.shgat
     heavy = [served_scores(f, c, unguarded) for f, c in zip(first, correction, strict=True)]
     novel = [i for i, j in enumerate(judged) if j.novel]
     hurt = figures([heavy[i] for i in novel], [judged[i] for i in novel])
@@ -136,8 +140,8 @@ def test_a_weight_that_hurts_novel_executions_is_not_chosen() -> None:
 
 def test_too_few_novel_executions_bar_nothing() -> None:
     judged, first, correction = _seen_and_novel(np.random.default_rng(2), novel=MIN_NOVEL - 1)
-    verdict = judge(first, first, correction, judged, min_judged=3)
-    assert verdict.weight > 0.0 and verdict.accepted
+    verdict = judge(first, first, Corrections(correction), judged, min_judged=3)
+    assert verdict.weights.shgat > 0.0 and verdict.accepted
     assert verdict.novel_candidate.recall_at_1 < verdict.novel_first_stage.recall_at_1
 
 
@@ -150,12 +154,12 @@ def test_a_serving_version_the_first_stage_now_beats_is_withdrawn() -> None:
     wrong = [np.eye(20)[(j.relevant[0] + 1) % 20] for j in judged]
     serving = [served_scores(f, w, 4.0) for f, w in zip(first, wrong, strict=True)]
     useless = [np.zeros(20) for _ in judged]
-    verdict = judge(first, serving, useless, judged, min_judged=3)
-    assert verdict.accepted and verdict.reason == WITHDRAWN and verdict.weight == 0.0
+    verdict = judge(first, serving, Corrections(useless), judged, min_judged=3)
+    assert verdict.accepted and verdict.reason == WITHDRAWN and verdict.weights.shgat == 0.0
     assert verdict.candidate == verdict.first_stage
     assert better(verdict.first_stage, verdict.serving)
     # the same candidate while the first stage itself is served: nothing to withdraw
-    again = judge(first, first, useless, judged, min_judged=3)
+    again = judge(first, first, Corrections(useless), judged, min_judged=3)
     assert not again.accepted and "serving" in again.reason
 
 
@@ -221,10 +225,10 @@ def test_a_fresher_candidate_replaces_one_whose_first_steps_are_better_within_th
     serving = _first_steps(judged, set(range(4)))
     # the candidate's correction puts the first step behind in eight executions, ahead elsewhere
     correction = [np.eye(10)[1 if i in range(4, 12) else 0] for i in range(80)]
-    verdict = judge(first, serving, correction, judged, min_judged=3, fresher=True)
+    verdict = judge(first, serving, Corrections(correction), judged, min_judged=3, fresher=True)
     assert verdict.accepted and verdict.reason == FRESHER
     # not fresher: the serving version stays
-    assert not judge(first, serving, correction, judged, min_judged=3).accepted
+    assert not judge(first, serving, Corrections(correction), judged, min_judged=3).accepted
 
 
 def test_the_chosen_weights_figures_are_those_of_the_served_scores() -> None:
@@ -233,6 +237,29 @@ def test_the_chosen_weights_figures_are_those_of_the_served_scores() -> None:
     first = [rng.random(30) for _ in judged]
     correction = [rng.random(30) * 0.5 + np.eye(30)[j.relevant[0]] * 0.5 for j in judged]
     memory = [rng.random(30) * (rng.random(30) < 0.3) for _ in judged]
-    weights, best = choose_weights(first, correction, memory, judged)
-    assert weights != (0.0, 0.0)
-    assert best == figures(combined(first, correction, memory, weights), judged)
+    weights, best = choose_weights(first, Corrections(correction, memory), judged)
+    assert any(weights)
+    assert best == figures(combined(first, Corrections(correction, memory), weights), judged)
+
+
+def test_the_adapter_gets_a_share_only_where_its_first_stage_ranks_better() -> None:
+    rng = np.random.default_rng(7)
+    judged = [Judged((int(t),)) for t in rng.choice(30, 40)]
+    first = [rng.random(30) for _ in judged]
+    useless = [np.zeros(30) for _ in judged]
+    # the adapted first stage puts the executed tool on top: its correction is adapted − first
+    adapted = [
+        np.maximum(f, 1.0 + np.eye(30)[j.relevant[0]]) - f
+        for f, j in zip(first, judged, strict=True)
+    ]
+    weights, best = choose_weights(first, Corrections(useless, adapter=adapted), judged)
+    assert weights.adapter in ADAPTER_GRID and weights.adapter > 0.0
+    assert weights.shgat == weights.memory == 0.0 and best.recall_at_1 == 1.0
+    verdict = judge(first, first, Corrections(useless, adapter=adapted), judged, min_judged=3)
+    assert verdict.accepted and verdict.as_metrics()["adapter_weight"] == weights.adapter
+    # one that pushes the executed tool down gets no share
+    worse = [
+        np.minimum(f, -np.eye(30)[j.relevant[0]]) - f for f, j in zip(first, judged, strict=True)
+    ]
+    weights, _ = choose_weights(first, Corrections(useless, adapter=worse), judged)
+    assert weights == (0.0, 0.0, 0.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pml_shgat.gating import Judged, choose_weights, judge
+from pml_shgat.gating import Corrections, Judged, choose_weights, judge
 from pml_shgat.memory import (
     FEATURES,
     TOP_K,
@@ -145,14 +145,14 @@ def test_the_gate_weighs_the_memory_only_when_it_helps() -> None:
     first = [rng.random(20) for _ in judged]
     useless = [np.zeros(20) for _ in judged]
     knows = [np.eye(20)[j.relevant[0]] for j in judged]
-    (w, m), best = choose_weights(first, useless, knows, judged)
+    (w, m, _), best = choose_weights(first, Corrections(useless, knows), judged)
     assert w == 0.0 and m > 0.0 and best.recall_at_1 == 1.0
     misleads = [1.0 - k for k in knows]
-    (w, m), _ = choose_weights(first, useless, misleads, judged)
+    (w, m, _), _ = choose_weights(first, Corrections(useless, misleads), judged)
     assert (w, m) == (0.0, 0.0)
-    verdict = judge(first, first, useless, judged, min_judged=3, candidate_memory=knows)
-    assert verdict.accepted and verdict.memory_weight > 0.0 and verdict.weight == 0.0
-    assert verdict.as_metrics()["memory_weight"] == verdict.memory_weight
+    verdict = judge(first, first, Corrections(useless, knows), judged, min_judged=3)
+    assert verdict.accepted and verdict.weights.memory > 0.0 and verdict.weights.shgat == 0.0
+    assert verdict.as_metrics()["memory_weight"] == verdict.weights.memory
 
 
 @pytest.mark.parametrize("bad", ["weights", "tools"])

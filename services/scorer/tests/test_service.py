@@ -25,9 +25,10 @@ from pml_common.testing import eventually
 from pml_common.tool_first_stage import embed_intents
 from pml_common.tool_graph import read_tool_graph
 from pml_scorer.main import ScorerApp
-from pml_shgat.gating import MEMORY_WEIGHT_METRIC, WEIGHT_METRIC, tool_scores
+from pml_shgat.adapter import QueryAdapter
+from pml_shgat.gating import ADAPTER_WEIGHT_METRIC, MEMORY_WEIGHT_METRIC, WEIGHT_METRIC, tool_scores
 from pml_shgat.memory import FEATURES, Execution, MemoryRanker, memory_from_bytes
-from pml_shgat.params import to_bytes
+from pml_shgat.params import read_version, to_bytes
 from pml_shgat.serving import ScoredNode, ServingModel
 
 from .helpers import (
@@ -429,6 +430,48 @@ async def test_a_version_with_an_execution_memory_serves_its_weighted_correction
     info = await stub.ModelInfo(scorer_pb2.ModelInfoRequest(tenant_id=tenant), timeout=30)
     assert info.memory_weight == 2.0 and info.memory_executions == 1
     assert info.last_accepted.memory_weight == 2.0
+
+
+async def test_a_version_with_a_query_adapter_serves_its_share_of_the_adapted_first_stage(
+    app: ScorerApp,
+    stub: scorer_pb2_grpc.ScorerServiceStub,
+    reference: tuple[ServingModel, np.ndarray],
+    graph_db: neo4j.AsyncDriver,
+    redis: Redis,
+    registry: ModelRegistry,
+    settings: Settings,
+    tenant: str,
+) -> None:
+    _, config, initial = await untrained_reference(graph_db, settings, tenant, app.embedder)
+    first = await first_stage_reference(graph_db, settings, tenant, app.embedder, app.tool_embedder)
+    [intent] = await embed_intents([INTENT], app.embedder, app.tool_embedder)
+    alone = ranked(first.ids, first.scores(intent), 100)
+    # Maps that turn this request onto the first stage's last tool, model by model:
+    # W = I − u·uᵀ + u·tᵀ sends the unit request u to the tool's unit vector t.
+    target = first.ids.index(alone[-1].id)
+    assert first.catalog is not None and intent.text_vectors is not None
+    maps, start = [], 0
+    for width in first.parts:
+        u = intent.text_vectors[0][start : start + width]
+        t = first.catalog[target, start : start + width]
+        u, t = u / np.linalg.norm(u), t / np.linalg.norm(t)
+        maps.append((np.eye(width) - np.outer(u, u) + np.outer(u, t)).astype(np.float32))
+        start += width
+    adapter = QueryAdapter(tuple(maps), first.parts)
+    metrics = {WEIGHT_METRIC: 0.0, ADAPTER_WEIGHT_METRIC: 1.0}
+    record = await announce_model(
+        app.bus, registry, redis, tenant, config, initial, metrics, adapter.to_arrays()
+    )
+    reply = await _served_tools(stub, tenant, record.version)
+    assert reply.adapter_weight == 1.0 and reply.correction_weight == 0.0
+    stored = read_version(to_bytes(config, initial, adapter.to_arrays())).adapter
+    assert stored is not None
+    _, adapted = first.scores_adapted(intent, stored.adapt)
+    assert adapted is not None
+    assert_same(reply.scores, ranked(first.ids, adapted, 100))
+    assert reply.scores[0].id == alone[-1].id != alone[0].id
+    info = await stub.ModelInfo(scorer_pb2.ModelInfoRequest(tenant_id=tenant), timeout=30)
+    assert info.adapter_weight == 1.0 and info.last_accepted.adapter_weight == 1.0
 
 
 async def test_model_info_reports_weight_prequential_and_candidates(

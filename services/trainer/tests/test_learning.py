@@ -22,7 +22,14 @@ from pml_common.tool_graph import ToolGraph, read_tool_graph
 from pml_shgat.gating import FRESHER_GROWTH, WEIGHT_GRID
 from pml_shgat.hierarchy import Hierarchy
 from pml_shgat.memory import memory_from_bytes
-from pml_shgat.params import Params, from_bytes, init_params, make_config, to_bytes
+from pml_shgat.params import (
+    Params,
+    from_bytes,
+    init_params,
+    make_config,
+    read_version,
+    to_bytes,
+)
 from pml_shgat.serving import ServingModel
 from pml_shgat.training import Batch, ShgatTrainer, StepStats, averaged_steps
 from pml_trainer.graph_store import GraphStore
@@ -467,6 +474,53 @@ async def test_a_candidate_whose_memory_knows_these_users_is_published_with_it(
     memory = memory_from_bytes(current[1])
     assert memory is not None
     assert [e.tools for e in memory.executions] == [tuple(t.path) for t in remembered]
+
+
+async def test_a_candidate_learns_how_these_users_word_their_requests_and_carries_it(
+    rig: Rig, tenant: str, driver, settings: Settings
+) -> None:
+    """With the tool embedder, a round fits a query adapter on the remembered executions: the
+    shifted habits' requests then rank the tools these users ran, and the version's bytes and
+    metrics carry the adapter and its weight."""
+    _, _, _, bad = await _gate_situation(rig, driver, settings, tenant)
+    graph = await read_tool_graph(
+        driver, settings.neo4j_database, tenant, rig.embedder, rig.embedder
+    )
+    h = Hierarchy.build(graph.tool_vectors, graph.capabilities, dim=rig.embedder.dim)
+    spec = {c.id: c for c in CAPABILITIES}
+    remembered = [
+        Trace(trace_id=f"seen-{cap}-{j}", intent=intent, path=spec[SHIFTED[cap]].tools, outcome=1)
+        for cap, intents in INTENTS.items()
+        for j, intent in enumerate(intents)
+    ]
+    for trace in remembered:
+        await rig.buffer.add(tenant, trace)
+    loop = LearningLoop(
+        buffer=rig.buffer,
+        lock=rig.lock,
+        registry=rig.registry,
+        driver=driver,
+        database=settings.neo4j_database,
+        embedder=rig.embedder,
+        publisher=rig.published,
+        config=LEARNING,
+        holdout=rig.holdout,
+        tool_embedder=rig.embedder,
+    )
+    lease = await rig.lock.try_acquire()
+    assert lease is not None
+    async with rig.lock.hold(lease):
+        config, params = from_bytes(bad)
+        record = await loop.admit(
+            tenant, lease, graph, h, None, config, params, {}, remembered=remembered
+        )
+    m = record.metrics
+    assert m["accepted"] == 1.0 and m["adapter_weight"] > 0.0, m
+    assert _decisive(m, "candidate") > _decisive(m, "first_stage")
+    current = await rig.registry.current(tenant)
+    assert current is not None and current[0].version == record.version
+    adapter = read_version(current[1]).adapter
+    assert adapter is not None and adapter.parts == (rig.embedder.dim,)
 
 
 async def test_no_version_is_published_without_enough_held_back_executions(

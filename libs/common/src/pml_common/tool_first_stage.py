@@ -12,7 +12,7 @@ hierarchy's tool order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,9 +22,9 @@ from pml_common.embedding import Embedder
 from pml_common.first_stage import (
     LexicalIndex,
     ToolText,
+    dense_parts,
     fused_relevance,
     hybrid_relevance,
-    relevance_parts,
     sub_goals,
 )
 from pml_common.tool_graph import GraphTool, ToolGraph
@@ -103,16 +103,34 @@ class FusedFirstStage:
         vectors_of = {i: np.asarray(v, np.float32) for i, v in zip(ids, vectors, strict=True)}
         return cls.of_graph(ToolGraph("", tools, (), vectors_of))
 
+    @property
+    def parts(self) -> tuple[int, ...]:
+        """Widths of the tool embedder's models in the catalog's vectors (empty without)."""
+        return self._parts if self._catalog is not None else ()
+
+    @property
+    def catalog(self) -> NDArray[np.float32] | None:
+        """The tools' embeddings by the tool embedder, in tool order (None without)."""
+        return self._catalog
+
     def scores(self, intent: Intent) -> NDArray[np.float64]:
         """Relevance of every tool in [0, 1] (see the module docstring)."""
+        return self.scores_adapted(intent, None)[0]
+
+    def scores_adapted(
+        self,
+        intent: Intent,
+        adapt: Callable[[NDArray[np.floating]], NDArray[np.floating]] | None,
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64] | None]:
+        """`scores(intent)`, and the relevance of the request's embeddings by the tool embedder
+        mapped by `adapt` (a learned query adapter), BM25 read once for both; None without
+        `adapt` or without those embeddings (a request given as an embedding alone)."""
         if not self.ids:
-            return np.zeros(0, dtype=np.float64)
+            return np.zeros(0, dtype=np.float64), None
         if intent.texts and intent.text_vectors is not None and self._catalog is not None:
-            parts = [
-                relevance_parts(self._catalog, self._parts, self._lexical, text, vector)
-                for text, vector in zip(intent.texts, intent.text_vectors, strict=True)
-            ]
-            return np.asarray(hybrid_relevance(parts[0], parts[1:]), dtype=np.float64)
+            catalog, bm25 = self._catalog, [self._lexical.scores(t) for t in intent.texts]
+            plain = self._hybrid(catalog, intent.text_vectors, bm25)
+            return plain, self._hybrid(catalog, adapt(intent.text_vectors), bm25) if adapt else None
         query = np.asarray(intent.vector, dtype=np.float64)
         dense = self._vectors @ (query / max(float(np.linalg.norm(query)), 1e-12))
         lexical = (
@@ -120,4 +138,18 @@ class FusedFirstStage:
             if intent.texts
             else np.zeros(len(self.ids), np.float32)
         )
-        return np.asarray(fused_relevance(dense, lexical), dtype=np.float64)
+        return np.asarray(fused_relevance(dense, lexical), dtype=np.float64), None
+
+    def _hybrid(
+        self,
+        catalog: NDArray[np.float32],
+        vectors: NDArray[np.floating],
+        bm25: Sequence[NDArray[np.float32]],
+    ) -> NDArray[np.float64]:
+        """The hybrid relevance of a request and its sub-goals (`vectors`, `bm25`: each one's
+        embedding by the tool embedder and BM25 scores) over the tools' embeddings `catalog`."""
+        parts = [
+            (dense_parts(catalog, vector, self._parts), scores)
+            for vector, scores in zip(vectors, bm25, strict=True)
+        ]
+        return np.asarray(hybrid_relevance(parts[0], parts[1:]), dtype=np.float64)

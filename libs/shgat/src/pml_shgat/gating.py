@@ -3,11 +3,14 @@
 The score served for tools is the untrained first stage plus a learned correction,
 
     served = first_stage + w · SHGAT's tool score + m · execution memory's score
+             + a · (adapted first stage − first_stage)
 
-(both corrections are probabilities, 0..1; the memory's is 0 outside its candidates,
-`pml_shgat.memory`), with the weights w and m chosen, per version, on executions
-that version did not train on (held back). (0, 0) is always in the grid, so on that set the
-served ranking is never worse than the first stage's. A candidate version replaces the serving
+(SHGAT's and the memory's corrections are probabilities, 0..1; the memory's is 0 outside its
+candidates, `pml_shgat.memory`; the adapted first stage is the first stage of the request's
+embeddings mapped by the query adapter, `pml_shgat.adapter`, so at a = 1 it replaces the plain
+one), with the weights w, m and a chosen, per version, on executions that version did not train
+on (held back). (0, 0, 0) is always in the grid, so on that set the served ranking is never worse
+than the first stage's. A candidate version replaces the serving
 one only if it ranks the executed tools of the held-back executions better than both the
 serving combination and the first stage alone.
 
@@ -33,8 +36,10 @@ Everything here is pure numpy over score vectors (one score per tool, in hierarc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -48,6 +53,8 @@ from pml_shgat.serving import ServingModel
 #: routine work), that is what ranks best, and a grid that stopped at 8 had the gate choose its
 #: edge (MetaTool, every fold: docs/benchmarks.md).
 WEIGHT_GRID: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+#: Weights tried for the query adapter's correction: the share of the adapted first stage.
+ADAPTER_GRID: tuple[float, ...] = (0.0, 0.5, 1.0)
 #: Cut-offs of the recall figures.
 CUTOFFS = (1, 5, 10)
 #: The recall that decides, and by how much a candidate must beat it to count as better;
@@ -77,6 +84,32 @@ FRESHER = "ties the serving version on held-back executions and learned from mor
 #: Names of the corrections' weights in a published version's metrics.
 WEIGHT_METRIC = "correction_weight"
 MEMORY_WEIGHT_METRIC = "memory_weight"
+ADAPTER_WEIGHT_METRIC = "adapter_weight"
+
+
+class Weights(NamedTuple):
+    """The corrections' weights in the served score (all 0: the first stage alone)."""
+
+    shgat: float = 0.0
+    memory: float = 0.0
+    adapter: float = 0.0
+
+    @classmethod
+    def of_metrics(cls, metrics: Mapping[str, float]) -> Weights:
+        """The weights a published version carries in its metrics (`Verdict.as_metrics`)."""
+        return cls(
+            float(metrics.get(WEIGHT_METRIC, 0.0)),
+            float(metrics.get(MEMORY_WEIGHT_METRIC, 0.0)),
+            float(metrics.get(ADAPTER_WEIGHT_METRIC, 0.0)),
+        )
+
+
+class Corrections(NamedTuple):
+    """Per execution, each correction's score vector (None: the candidate has no such one)."""
+
+    shgat: Sequence[FloatArray]
+    memory: Sequence[FloatArray] | None = None
+    adapter: Sequence[FloatArray] | None = None
 
 
 @dataclass(frozen=True)
@@ -193,55 +226,60 @@ def choose_weight(
 ) -> tuple[float, Figures]:
     """The weight of the grid whose served scores rank the executions best, and its figures
     (`choose_weights` with one correction)."""
-    (weight, _), best = choose_weights(first_stage, correction, None, judged, grid)
-    return weight, best
+    weights, best = choose_weights(first_stage, Corrections(correction), judged, grid)
+    return weights.shgat, best
 
 
 def choose_weights(
     first_stage: Sequence[FloatArray],
-    correction: Sequence[FloatArray],
-    memory: Sequence[FloatArray] | None,
+    corrections: Corrections,
     judged: Sequence[Judged],
     grid: Sequence[float] = WEIGHT_GRID,
-) -> tuple[tuple[float, float], Figures]:
-    """The weights (w, m) whose served scores rank the executions best, and their figures.
+) -> tuple[Weights, Figures]:
+    """The weights whose served scores rank the executions best, and their figures.
 
-    Pairs are tried by increasing total weight, and one must be better (per `better`) than the
-    best so far to win, so a correction that adds nothing keeps the smaller weight, down to
-    (0, 0) (the first stage alone). With at least `MIN_NOVEL` novel executions, weights under
-    which the first stage ranks them better are not eligible. Without `memory`, m stays 0.
+    Weights are tried by increasing total, and must be better (per `better`) than the best so
+    far to win, so a correction that adds nothing keeps the smaller weight, down to all 0 (the
+    first stage alone). SHGAT and the memory take their weights from `grid`, the adapter from
+    `ADAPTER_GRID`; a correction the candidate lacks stays at 0. With at least `MIN_NOVEL`
+    novel executions, weights under which the first stage ranks them better are not eligible.
     """
     if not grid or grid[0] != 0.0:
         raise ValueError("the weight grid must start at 0 (the first stage alone)")
-    pairs = sorted(
-        ((w, m) for w in grid for m in (grid if memory is not None else (0.0,))),
-        key=lambda pair: (pair[0] + pair[1], pair[1]),
+    trials = sorted(
+        itertools.starmap(
+            Weights,
+            itertools.product(
+                grid,
+                grid if corrections.memory is not None else (0.0,),
+                ADAPTER_GRID if corrections.adapter is not None else (0.0,),
+            ),
+        ),
+        key=lambda w: (sum(w), w.adapter, w.memory),
     )
     novel = [i for i, j in enumerate(judged) if j.novel]
     guard = len(novel) >= MIN_NOVEL
     novel_base = _subset_figures(first_stage, judged, novel)
-    best_w, best = pairs[0], figures(first_stage, judged)
-    for pair in pairs[1:]:
-        each = _pair_figures(first_stage, correction, memory, pair, judged)
+    best_w, best = trials[0], figures(first_stage, judged)
+    for weights in trials[1:]:
+        each = _weighted_figures(first_stage, corrections, weights, judged)
         if guard and better(novel_base, _mean_figures(each[novel])):
             continue
         candidate = _mean_figures(each)
         if better(candidate, best):
-            best_w, best = pair, candidate
+            best_w, best = weights, candidate
     return best_w, best
 
 
-def _pair_figures(
+def _weighted_figures(
     first_stage: Sequence[FloatArray],
-    correction: Sequence[FloatArray],
-    memory: Sequence[FloatArray] | None,
-    weights: tuple[float, float],
+    corrections: Corrections,
+    weights: Weights,
     judged: Sequence[Judged],
 ) -> FloatArray:
-    """`one_figures` of each execution under weights (w, m), the served scores built in one
-    reused buffer: the same figures as `combined` then `figures`, without a list of served
-    vectors per pair (at 100k tools and 200 held-back executions, 160 MB each)."""
-    w, m = weights
+    """`one_figures` of each execution under `weights`, the served scores built in one reused
+    buffer: the same figures as `combined` then `figures`, without a list of served vectors per
+    trial (at 100k tools and 200 held-back executions, 160 MB each)."""
     each = np.empty((len(judged), 4), dtype=np.float64)
     served = np.empty(0, dtype=np.float64)
     term = np.empty(0, dtype=np.float64)
@@ -249,31 +287,25 @@ def _pair_figures(
         if len(served) != len(first):
             served, term = np.empty(len(first)), np.empty(len(first))
         served[:] = first
-        if w:
-            np.multiply(np.asarray(correction[row], dtype=np.float64), w, out=term)
-            served += term
-        if m and memory is not None:
-            np.multiply(np.asarray(memory[row], dtype=np.float64), m, out=term)
-            served += term
+        for weight, scores in zip(weights, corrections, strict=True):
+            if weight and scores is not None:
+                np.multiply(np.asarray(scores[row], dtype=np.float64), weight, out=term)
+                served += term
         each[row] = one_figures(served, judged_one.relevant)
     return each
 
 
 def combined(
-    first_stage: Sequence[FloatArray],
-    correction: Sequence[FloatArray],
-    memory: Sequence[FloatArray] | None,
-    weights: tuple[float, float],
+    first_stage: Sequence[FloatArray], corrections: Corrections, weights: Weights
 ) -> list[FloatArray]:
-    """The served scores of each execution under weights (w, m)."""
-    w, m = weights
-    memories: Sequence[FloatArray | None] = (
-        memory if memory is not None else [None] * len(first_stage)
-    )
-    return [
-        served_scores(served_scores(f, c, w), r, m)
-        for f, c, r in zip(first_stage, correction, memories, strict=True)
-    ]
+    """The served scores of each execution under `weights`."""
+    out: list[FloatArray] = []
+    for row, first in enumerate(first_stage):
+        served: FloatArray = np.asarray(first, dtype=np.float64)
+        for weight, scores in zip(weights, corrections, strict=True):
+            served = served_scores(served, scores[row] if scores is not None else None, weight)
+        out.append(served)
+    return out
 
 
 def _subset_figures(
@@ -288,9 +320,8 @@ class Verdict:
 
     accepted: bool
     reason: str
-    weight: float
-    #: Weight of the execution memory's correction (0 without one).
-    memory_weight: float
+    #: The corrections' weights chosen for the candidate (0 for a correction it lacks).
+    weights: Weights
     candidate: Figures
     serving: Figures
     first_stage: Figures
@@ -300,8 +331,9 @@ class Verdict:
 
     def as_metrics(self) -> dict[str, float]:
         return {
-            WEIGHT_METRIC: self.weight,
-            MEMORY_WEIGHT_METRIC: self.memory_weight,
+            WEIGHT_METRIC: self.weights.shgat,
+            MEMORY_WEIGHT_METRIC: self.weights.memory,
+            ADAPTER_WEIGHT_METRIC: self.weights.adapter,
             "holdout_size": float(self.candidate.count),
             "holdout_novel_size": float(self.novel_candidate.count),
             **self.candidate.as_metrics("holdout_candidate_"),
@@ -315,26 +347,25 @@ class Verdict:
 def judge(
     first_stage: Sequence[FloatArray],
     serving: Sequence[FloatArray],
-    candidate_correction: Sequence[FloatArray],
+    candidate: Corrections,
     judged: Sequence[Judged],
     min_judged: int = 1,
-    candidate_memory: Sequence[FloatArray] | None = None,
     fresher: bool = False,
 ) -> Verdict:
-    """Admit the candidate only if, with its best weights, it beats both the serving combination
-    and the first stage alone on the held-back executions `judged`, or if its best weights are
-    0 and the first stage alone beats the serving combination (`WITHDRAWN`), or if it is
-    `fresher` (learned from `FRESHER_GROWTH` times the serving version's executions), ties the
-    serving combination and beats the first stage (`FRESHER`).
+    """Admit the candidate (its `corrections`) only if, with its best weights, it beats both
+    the serving combination and the first stage alone on the held-back executions `judged`, or
+    if its best weights are 0 and the first stage alone beats the serving combination
+    (`WITHDRAWN`), or if it is `fresher` (learned from `FRESHER_GROWTH` times the serving
+    version's executions), ties the serving combination and beats the first stage (`FRESHER`).
 
-    `serving` are the scores served now (the first stage itself before any version was admitted);
-    `candidate_memory`, the candidate's execution-memory correction when it has one.
+    `serving` are the scores served now (the first stage itself before any version was
+    admitted).
     """
     base = figures(first_stage, judged)
     now = figures(serving, judged)
-    weights, cand = choose_weights(first_stage, candidate_correction, candidate_memory, judged)
+    weights, cand = choose_weights(first_stage, candidate, judged)
     novel = [i for i, j in enumerate(judged) if j.novel]
-    chosen = combined(first_stage, candidate_correction, candidate_memory, weights)
+    chosen = combined(first_stage, candidate, weights)
     novel_figures = (
         _subset_figures(chosen, judged, novel),
         _subset_figures(first_stage, judged, novel),
@@ -346,7 +377,7 @@ def judge(
         reason = (
             FRESHER if accepted else "not better than the serving version on held-back executions"
         )
-    elif weights == (0.0, 0.0):
+    elif not any(weights):
         # The candidate is the first stage itself, and it beats what is served: the serving
         # version was admitted on fewer or other held-back executions and no longer holds.
         reason, accepted = WITHDRAWN, True
@@ -354,24 +385,33 @@ def judge(
         reason, accepted = "not better than the first stage on held-back executions", False
     else:
         reason, accepted = "better than the serving version and the first stage", True
-    return Verdict(accepted, reason, *weights, cand, now, base, *novel_figures)
+    return Verdict(accepted, reason, weights, cand, now, base, *novel_figures)
 
 
 def served_tool_scores(
     first_stage: FloatArray,
     intent: FloatArray,
     shgat: ServingModel | None,
-    weight: float,
     memory: ServedMemory | None,
-    memory_weight: float,
+    weights: Weights,
+    adapted_first_stage: FloatArray | None = None,
 ) -> FloatArray:
     """What `ScoreTools` serves for an intent (its embedding `intent`): the first stage plus
-    each correction at its weight; a correction at weight 0 is not computed."""
-    correction = tool_scores(shgat, intent) if shgat is not None and weight else None
+    each correction at its weight; a correction at weight 0 is not computed.
+    `adapted_first_stage`: the first stage of the request's adapted embeddings, when the
+    version has a query adapter."""
+    correction = tool_scores(shgat, intent) if shgat is not None and weights.shgat else None
     remembered = (
-        memory.correction(first_stage, intent) if memory is not None and memory_weight else None
+        memory.correction(first_stage, intent) if memory is not None and weights.memory else None
     )
-    return served_scores(served_scores(first_stage, correction, weight), remembered, memory_weight)
+    adapted = (
+        np.asarray(adapted_first_stage, np.float64) - np.asarray(first_stage, np.float64)
+        if adapted_first_stage is not None and weights.adapter
+        else None
+    )
+    served = served_scores(first_stage, correction, weights.shgat)
+    served = served_scores(served, remembered, weights.memory)
+    return served_scores(served, adapted, weights.adapter)
 
 
 def tool_scores(model: ServingModel, intent: FloatArray) -> FloatArray:

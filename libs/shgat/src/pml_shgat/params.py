@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from pml_shgat.memory import MemoryRanker, is_memory_array, memory_from_bytes
+from pml_shgat.adapter import QueryAdapter, is_adapter_array
+from pml_shgat.memory import MemoryRanker, is_memory_array
 
 FloatArray = NDArray[np.float64]
 Params = dict[str, FloatArray]
@@ -121,7 +122,8 @@ def to_bytes(
     config: ShgatConfig, params: Params, extra: Mapping[str, NDArray[np.generic]] | None = None
 ) -> bytes:
     """The version's bytes: config, parameters and `extra` arrays published with them (the
-    execution memory, `pml_shgat.memory`, which `from_bytes` leaves out)."""
+    execution memory, `pml_shgat.memory`, and the query adapter, `pml_shgat.adapter`, which
+    `from_bytes` leaves out)."""
     buffer = io.BytesIO()
     header = np.frombuffer(json.dumps(asdict(config)).encode(), dtype=np.uint8)
     arrays: dict[str, NDArray[np.generic]] = {"__config__": header, **params, **(extra or {})}
@@ -135,18 +137,33 @@ def from_bytes(blob: bytes) -> tuple[ShgatConfig, Params]:
         params = {
             name: archive[name].astype(np.float64)
             for name in archive.files
-            if not is_memory_array(name)
+            if not is_memory_array(name) and not is_adapter_array(name)
         }
     params.pop("__config__")
     _check_shapes(config, params)
     return config, params
 
 
-def read_version(blob: bytes) -> tuple[ShgatConfig, Params, MemoryRanker | None]:
-    """A published version's SHGAT config and parameters and its execution memory, if any;
-    raises on bytes that do not hold a usable version."""
+@dataclass(frozen=True)
+class Version:
+    """A published version as served: SHGAT's config and parameters, and the corrections
+    learned beside it (each None in a version without it)."""
+
+    config: ShgatConfig
+    params: Params
+    memory: MemoryRanker | None
+    adapter: QueryAdapter | None
+
+
+def read_version(blob: bytes) -> Version:
+    """A published version's parts; raises on bytes that do not hold a usable version."""
     config, params = from_bytes(blob)
-    return config, params, memory_from_bytes(blob)
+    with np.load(io.BytesIO(blob), allow_pickle=False) as archive:
+        memory = {name: archive[name] for name in archive.files if is_memory_array(name)}
+        adapter = {name: archive[name] for name in archive.files if is_adapter_array(name)}
+    return Version(
+        config, params, MemoryRanker.from_arrays(memory), QueryAdapter.from_arrays(adapter)
+    )
 
 
 def _check_shapes(config: ShgatConfig, params: Params) -> None:

@@ -11,10 +11,10 @@ rank like cosine similarity, so the scorer answers sensibly before any training.
 
 Tools are served as the untrained first stage (`pml_common.tool_first_stage`: the same hybrid
 relevance as search's, BM25 and the tool embedder's cosines fused) plus the learned corrections,
-`first_stage + w · SHGAT score + m · execution memory's score` (`pml_shgat.gating`,
-`pml_shgat.memory`), with the weights w and m the trainer's gate chose for the published version
-on held-back executions (0, the first stage alone, before any version was admitted and for a
-version published without them).
+`first_stage + w · SHGAT score + m · execution memory's score + a · (adapted first stage −
+first_stage)` (`pml_shgat.gating`, `pml_shgat.memory`, `pml_shgat.adapter`), with the weights
+the trainer's gate chose for the published version on held-back executions (0, the first stage
+alone, before any version was admitted and for a version published without them).
 """
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ from pml_common.embedding import Embedder
 from pml_common.model_registry import ModelRecord, ModelRegistry
 from pml_common.tool_first_stage import FusedFirstStage, Intent
 from pml_common.tool_graph import ToolGraph, read_tool_graph
-from pml_shgat.gating import MEMORY_WEIGHT_METRIC, WEIGHT_METRIC, served_tool_scores
+from pml_shgat.adapter import QueryAdapter
+from pml_shgat.gating import Weights, served_tool_scores
 from pml_shgat.hierarchy import Hierarchy
-from pml_shgat.memory import MemoryRanker, ServedMemory
-from pml_shgat.params import Params, ShgatConfig, init_params, make_config, read_version
+from pml_shgat.memory import ServedMemory
+from pml_shgat.params import Version, init_params, make_config, read_version
 from pml_shgat.serving import ScoredNode, ServingModel
 
 #: Version reported while a tenant has no usable published model.
@@ -58,25 +59,28 @@ class TenantModel:
     registry_version: str | None
     #: The untrained first stage of the tenant's tools.
     baseline: FusedFirstStage
-    #: Weight of the learned correction in the served tool score (0: the first stage alone).
-    weight: float = 0.0
-    #: The published version's execution memory over this catalog, and its weight.
+    #: The corrections' weights in the served tool score (all 0: the first stage alone).
+    weights: Weights = Weights(0.0, 0.0, 0.0)  # noqa: RUF009 (an immutable tuple)
+    #: The published version's execution memory over this catalog, and its query adapter
+    #: (kept only when fitted for this tool embedder).
     memory: ServedMemory | None = None
-    memory_weight: float = 0.0
+    adapter: QueryAdapter | None = None
 
     @property
     def version(self) -> str:
         return self.record.version if self.record is not None else UNTRAINED
 
     def tool_scores(self, intent: Intent) -> NDArray[np.floating]:
-        """Served score of every tool: first stage + w · SHGAT + m · memory (hierarchy order)."""
+        """Served score of every tool, in hierarchy order (see the module docstring)."""
+        adapt = self.adapter.adapt if self.adapter is not None and self.weights.adapter else None
+        first, adapted = self.baseline.scores_adapted(intent, adapt)
         return served_tool_scores(
-            self.baseline.scores(intent),
+            first,
             intent.vector,
             self.model,
-            self.weight,
             self.memory,
-            self.memory_weight,
+            self.weights,
+            adapted,
         )
 
     def score_tools(self, intent: Intent, top_k: int) -> list[ScoredNode]:
@@ -156,18 +160,21 @@ class ModelBuilder:
         if baseline is None:
             baseline = FusedFirstStage.of_graph(graph)
         usable = self._usable(tenant, published)
-        weight, memory_weight, memory = 0.0, 0.0, None
+        weights, memory, adapter = Weights(), None, None
         if usable is None:
             config = make_config(self.dim, self._key_dim, hierarchy.num_nodes)
             params = init_params(config, hierarchy.features, hierarchy.num_levels)
             model, record = ServingModel(config, params, hierarchy), None
         else:
-            record, config, params, ranker = usable
-            model = ServingModel(config, params, hierarchy)
-            weight = float(record.metrics.get(WEIGHT_METRIC, 0.0))
-            memory_weight = float(record.metrics.get(MEMORY_WEIGHT_METRIC, 0.0))
-            if ranker is not None:
-                memory = ranker.serve(hierarchy.tool_ids, graph.servers_of(hierarchy.tool_ids))
+            record, version = usable
+            model = ServingModel(version.config, version.params, hierarchy)
+            weights = Weights.of_metrics(record.metrics)
+            if version.memory is not None:
+                memory = version.memory.serve(
+                    hierarchy.tool_ids, graph.servers_of(hierarchy.tool_ids)
+                )
+            if version.adapter is not None and version.adapter.parts == baseline.parts:
+                adapter = version.adapter
         return TenantModel(
             tenant_id=tenant,
             model=model,
@@ -176,21 +183,20 @@ class ModelBuilder:
             graph_digest=digest,
             registry_version=published[0].version if published else None,
             baseline=baseline,
-            weight=weight,
+            weights=weights,
             memory=memory,
-            memory_weight=memory_weight,
+            adapter=adapter,
         )
 
     def _usable(
         self, tenant: str, published: tuple[ModelRecord, bytes] | None
-    ) -> tuple[ModelRecord, ShgatConfig, Params, MemoryRanker | None] | None:
-        """The published model's parameters and execution memory, or None (logged) when they
-        cannot be served."""
+    ) -> tuple[ModelRecord, Version] | None:
+        """The published version, or None (logged) when it cannot be served."""
         if published is None:
             return None
         record, blob = published
         try:
-            config, params, ranker = read_version(blob)
+            version = read_version(blob)
         except Exception as exc:  # any unreadable blob: the tenant must still be served
             log.error(
                 "scorer.model_unreadable",
@@ -200,17 +206,17 @@ class ModelBuilder:
                 serving=UNTRAINED,
             )
             return None
-        if config.dim != self.dim:
+        if version.config.dim != self.dim:
             log.error(
                 "scorer.model_dim_mismatch",
                 tenant=tenant,
                 version=record.version,
-                model_dim=config.dim,
+                model_dim=version.config.dim,
                 embedder_dim=self.dim,
                 serving=UNTRAINED,
             )
             return None
-        return record, config, params, ranker
+        return record, version
 
 
 def graph_digest(graph: ToolGraph) -> bytes:

@@ -9,8 +9,9 @@ next request, never by half of this one.
   embedding of the embedder's size.
 - `ScoreTools`: the served tool score, the untrained first stage (search's hybrid relevance,
   `pml_common.tool_first_stage`) plus the learned corrections,
-  `first_stage + w · SHGAT score + m · execution memory's score`, with the published version's
-  weights w and m (reported; 0 before any version was admitted: the first stage alone).
+  `first_stage + w · SHGAT score + m · execution memory's score + a · (first stage of the
+  adapted request − first_stage)` (`pml_shgat.gating`), with the published version's weights
+  w, m and a (reported; 0 before any version was admitted: the first stage alone).
   `level` is -1: tools have no level.
 - `TopByLevel`: the best `k` capabilities of every level, level 0 first.
 - `PredictPathSuccess`: weighted mean of the path's node scores, later steps weighing more
@@ -48,7 +49,7 @@ from pml_common.tool_first_stage import Intent, embed_intents
 from pml_scorer.models import TenantModel
 from pml_scorer.snapshots import ModelSnapshots
 from pml_scorer.validation import intent_of, level_of, no_level, path_of
-from pml_shgat.gating import MEMORY_WEIGHT_METRIC, WEIGHT_METRIC
+from pml_shgat.gating import Weights
 from pml_shgat.serving import ScoredNode
 
 
@@ -96,8 +97,9 @@ class ScorerServicer(scorer_pb2_grpc.ScorerServiceServicer):
         return scorer_pb2.ScoreResponse(
             scores=_scored(scored),
             model_version=snapshot.version,
-            correction_weight=snapshot.weight,
-            memory_weight=snapshot.memory_weight,
+            correction_weight=snapshot.weights.shgat,
+            memory_weight=snapshot.weights.memory,
+            adapter_weight=snapshot.weights.adapter,
         )
 
     async def TopByLevel(
@@ -152,11 +154,12 @@ class ScorerServicer(scorer_pb2_grpc.ScorerServiceServicer):
             num_tools=model.hierarchy.num_tools,
             num_heads=model.config.heads,
             num_levels=model.num_levels,
-            correction_weight=snapshot.weight,
+            correction_weight=snapshot.weights.shgat,
             prequential=_prequential(summary),
             last_accepted=_candidate(record) if record else None,
             last_rejected=_candidate(rejected[0]) if rejected else None,
-            memory_weight=snapshot.memory_weight,
+            memory_weight=snapshot.weights.memory,
+            adapter_weight=snapshot.weights.adapter,
             memory_executions=len(snapshot.memory.memory) if snapshot.memory else 0,
         )
 
@@ -211,6 +214,7 @@ def _candidate(record: ModelRecord) -> scorer_pb2.CandidateFigures:
     """The gate's figures of a version, from its record's metrics (0 where it has none: a
     version published before the gate existed)."""
     m = record.metrics
+    weights = Weights.of_metrics(m)
     return scorer_pb2.CandidateFigures(
         version=record.version,
         accepted=bool(m.get("accepted", 1.0)),
@@ -219,11 +223,12 @@ def _candidate(record: ModelRecord) -> scorer_pb2.CandidateFigures:
         candidate_recall_at_5=m.get("holdout_candidate_recall_at_5", 0.0),
         serving_recall_at_5=m.get("holdout_serving_recall_at_5", 0.0),
         first_stage_recall_at_5=m.get("holdout_first_stage_recall_at_5", 0.0),
-        correction_weight=m.get(WEIGHT_METRIC, 0.0),
+        correction_weight=weights.shgat,
         candidate_mrr=m.get("holdout_candidate_mrr", 0.0),
         serving_mrr=m.get("holdout_serving_mrr", 0.0),
         first_stage_mrr=m.get("holdout_first_stage_mrr", 0.0),
-        memory_weight=m.get(MEMORY_WEIGHT_METRIC, 0.0),
+        memory_weight=weights.memory,
+        adapter_weight=weights.adapter,
     )
 
 

@@ -60,9 +60,11 @@ class _Slot:
 
 
 def _nodes(model: TenantModel) -> int:
-    """Graph nodes, plus one per remembered execution (an intent vector each, like a node)."""
+    """Graph nodes, plus one per remembered execution (an intent vector each, like a node) and
+    one per row of the query adapter's maps (an embedding-sized vector each)."""
     remembered = len(model.memory.memory) if model.memory is not None else 0
-    return max(1, model.model.hierarchy.num_nodes + remembered)
+    adapter = model.adapter.rows if model.adapter is not None else 0
+    return max(1, model.model.hierarchy.num_nodes + remembered + adapter)
 
 
 class ModelSnapshots:

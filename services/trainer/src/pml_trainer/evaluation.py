@@ -2,9 +2,10 @@
 and the held-back comparison that gates every new version (`pml_shgat.gating`).
 
 A `TenantView` is the tenant's hierarchy, its untrained first stage
-(`pml_common.tool_first_stage`) and its serving version (parameters, execution memory and the
-corrections' weights w and m), so `served` computes what `ScoreTools` serves:
-`first_stage + w · SHGAT + m · memory` (`pml_shgat.gating`).
+(`pml_common.tool_first_stage`) and its serving version (parameters, execution memory, query
+adapter and the corrections' weights), so `served` computes what `ScoreTools` serves:
+`first_stage + w · SHGAT + m · memory + a · (adapted first stage − first stage)`
+(`pml_shgat.gating`).
 Views are cached per tenant and rebuilt when the registry's version changes or after
 `max_age_s` (new tools reach the prequential figures within that delay; a tool the view does
 not know yet counts as ranked last).
@@ -34,13 +35,8 @@ from pml_common.settings import Settings
 from pml_common.tenant_cache import TenantCache
 from pml_common.tool_first_stage import FusedFirstStage, Intent, embed_intents
 from pml_common.tool_graph import ToolGraph, read_tool_graph
-from pml_shgat.gating import (
-    MEMORY_WEIGHT_METRIC,
-    WEIGHT_METRIC,
-    Judged,
-    one_figures,
-    served_tool_scores,
-)
+from pml_shgat.adapter import QueryAdapter
+from pml_shgat.gating import Judged, Weights, one_figures, served_tool_scores
 from pml_shgat.hierarchy import Hierarchy
 from pml_shgat.memory import ServedMemory
 from pml_shgat.params import read_version
@@ -65,12 +61,13 @@ class TenantView:
     baseline: FusedFirstStage
     #: The published version's SHGAT, None before any version was admitted.
     serving: ServingModel | None
-    weight: float
     version: str
     built_at: float
-    #: The published version's execution memory over this catalog, and its weight.
+    #: The published version's execution memory over this catalog, and its query adapter.
     memory: ServedMemory | None = None
-    memory_weight: float = 0.0
+    adapter: QueryAdapter | None = None
+    #: The corrections' weights the gate chose for the published version.
+    weights: Weights = Weights(0.0, 0.0, 0.0)  # noqa: RUF009 (an immutable tuple)
 
     def judged(self, trace: Trace) -> Judged | None:
         """The trace's executed tools as hierarchy indices; None when it used no known tool."""
@@ -86,14 +83,24 @@ class TenantView:
 
     def corrected(self, first_stage: NDArray[np.floating], intent: Intent) -> NDArray[np.floating]:
         """The served scores of `intent` from its first-stage scores, already computed."""
-        return served_tool_scores(
-            first_stage,
-            intent.vector,
-            self.serving,
-            self.weight,
-            self.memory,
-            self.memory_weight,
+        adapted = (
+            adapted_first_stage(self.baseline, self.adapter, intent)
+            if self.weights.adapter
+            else None
         )
+        return served_tool_scores(
+            first_stage, intent.vector, self.serving, self.memory, self.weights, adapted
+        )
+
+
+def adapted_first_stage(
+    baseline: FusedFirstStage, adapter: QueryAdapter | None, intent: Intent
+) -> NDArray[np.floating] | None:
+    """The first stage of the request's embeddings mapped by `adapter`; None without one, or
+    when it was fitted for another tool embedder."""
+    if adapter is None or adapter.parts != baseline.parts:
+        return None
+    return baseline.scores_adapted(intent, adapter.adapt)[1]
 
 
 def build_view(
@@ -105,26 +112,27 @@ def build_view(
     """The view of a tenant's graph (and its hierarchy) served with `published` (the first
     stage alone when None or unusable); `baseline`: the graph's first stage, when built."""
     baseline = baseline if baseline is not None else FusedFirstStage.of_graph(graph)
-    untrained = TenantView(hierarchy, baseline, None, 0.0, "untrained", time.monotonic())
+    untrained = TenantView(hierarchy, baseline, None, "untrained", time.monotonic())
     if published is None:
         return untrained
     record, blob = published
     try:
-        config, params, ranker = read_version(blob)
+        version = read_version(blob)
     except Exception as exc:  # the scorer serves the first stage alone then, and so do we
         log.error("evaluation.model_unreadable", version=record.version, error=repr(exc))
         return untrained
-    if config.dim != hierarchy.dim:
+    if version.config.dim != hierarchy.dim:
         return untrained
+    ranker = version.memory
     return TenantView(
         hierarchy,
         baseline,
-        ServingModel(config, params, hierarchy),
-        float(record.metrics.get(WEIGHT_METRIC, 0.0)),
+        ServingModel(version.config, version.params, hierarchy),
         record.version,
         time.monotonic(),
         ranker.serve(hierarchy.tool_ids, graph.servers_of(hierarchy.tool_ids)) if ranker else None,
-        float(record.metrics.get(MEMORY_WEIGHT_METRIC, 0.0)),
+        version.adapter,
+        Weights.of_metrics(record.metrics),
     )
 
 
@@ -154,9 +162,11 @@ MAX_NODES: int = Settings.model_fields["trainer_cache_max_nodes"].default
 
 
 def _nodes(view: TenantView) -> int:
-    """Graph nodes, plus one per remembered execution (an intent vector each, like a node)."""
+    """Graph nodes, plus one per remembered execution (an intent vector each, like a node) and
+    one per row of the query adapter's maps (an embedding-sized vector each)."""
     remembered = len(view.memory.memory) if view.memory is not None else 0
-    return max(1, view.hierarchy.num_nodes + remembered)
+    adapter = view.adapter.rows if view.adapter is not None else 0
+    return max(1, view.hierarchy.num_nodes + remembered + adapter)
 
 
 class TenantViews:

@@ -45,7 +45,9 @@ from pml_common.lease_lock import Lease, LeaseLock
 from pml_common.model_registry import ModelRecord, ModelRegistry, StaleFencingToken
 from pml_common.tool_first_stage import Intent, embed_intents
 from pml_common.tool_graph import ToolGraph, read_tool_graph
-from pml_shgat.gating import FRESHER_GROWTH, Judged, Verdict, judge, tool_scores
+from pml_shgat import adapter as query_adapter
+from pml_shgat.adapter import QueryAdapter
+from pml_shgat.gating import FRESHER_GROWTH, Corrections, Judged, Verdict, judge, tool_scores
 from pml_shgat.hierarchy import Hierarchy
 from pml_shgat.memory import CAPACITY, Execution, MemoryRanker, ServedMemory, fit
 from pml_shgat.params import Params, ShgatConfig, from_bytes, init_params, make_config, to_bytes
@@ -57,7 +59,12 @@ from pml_shgat.training import (
     make_batch,
     path_examples,
 )
-from pml_trainer.evaluation import TenantView, build_view, hierarchy_of, without_workflows
+from pml_trainer.evaluation import (
+    TenantView,
+    build_view,
+    hierarchy_of,
+    without_workflows,
+)
 from pml_trainer.handlers import Publisher
 from pml_trainer.holdout import HoldOut
 from pml_trainer.replay_buffer import ReplayBuffer, Sample, Trace
@@ -265,17 +272,25 @@ class LearningLoop:
         version, None for the first stage alone), else keep it as the last rejected one; the
         record's metrics carry the decision (`accepted`) and the figures it was made on.
 
-        `remembered`: the traces the candidate's execution memory is fitted on (none: the
-        candidate has no memory)."""
+        `remembered`: the traces the candidate's execution memory and query adapter are fitted
+        on (none: the candidate has neither)."""
         serving = await asyncio.to_thread(build_view, graph, hierarchy, published)
-        ranker = await self._fit_memory(serving, graph, remembered)
+        ranker, adapter = await self._fit_corrections(serving, graph, remembered)
         memory = (
             ranker.serve(hierarchy.tool_ids, graph.servers_of(hierarchy.tool_ids))
             if ranker
             else None
         )
         verdict = await self.gate(
-            tenant, serving, config, params, graph, published, memory, _fresher(metrics, published)
+            tenant,
+            serving,
+            config,
+            params,
+            graph,
+            published,
+            memory,
+            _fresher(metrics, published),
+            adapter,
         )
         _check(lease, None)
         figures = {
@@ -285,7 +300,14 @@ class LearningLoop:
             "memory_executions": float(len(ranker.executions) if ranker else 0),
             **verdict.as_metrics(),
         }
-        blob = to_bytes(config, params, ranker.to_arrays() if ranker else None)
+        blob = to_bytes(
+            config,
+            params,
+            {
+                **(ranker.to_arrays() if ranker else {}),
+                **(adapter.to_arrays() if adapter else {}),
+            },
+        )
         if verdict.accepted:
             record = await self._publish(tenant, lease, blob, figures)
         else:
@@ -297,8 +319,9 @@ class LearningLoop:
             version=record.version,
             accepted=verdict.accepted,
             reason=verdict.reason,
-            weight=verdict.weight,
-            memory_weight=verdict.memory_weight,
+            weight=verdict.weights.shgat,
+            memory_weight=verdict.weights.memory,
+            adapter_weight=verdict.weights.adapter,
             candidate_recall_at_5=verdict.candidate.recall_at_5,
             serving_recall_at_5=verdict.serving.recall_at_5,
             first_stage_recall_at_5=verdict.first_stage.recall_at_5,
@@ -316,8 +339,10 @@ class LearningLoop:
         published: tuple[ModelRecord, bytes] | None,
         memory: ServedMemory | None = None,
         fresher: bool = False,
+        adapter: QueryAdapter | None = None,
     ) -> Verdict:
-        """Judge a candidate (SHGAT `params`, and its execution `memory` when it has one) against
+        """Judge a candidate (SHGAT `params`, and its execution `memory` and query `adapter` when
+        it has them) against
         the serving view on the tenant's held-back executions (`fresher`: it learned from enough
         more executions than the serving version to replace it on a tie, `gating.judge`).
 
@@ -345,18 +370,20 @@ class LearningLoop:
             config,
             params,
             memory,
+            adapter,
             intents,
             judged,
             self._config.min_holdout,
             fresher,
         )
 
-    async def _fit_memory(
+    async def _fit_corrections(
         self, view: TenantView, graph: ToolGraph, traces: Sequence[Trace]
-    ) -> MemoryRanker | None:
-        """The execution memory of `traces`, fitted leave-one-out on their first-stage ranking."""
+    ) -> tuple[MemoryRanker | None, QueryAdapter | None]:
+        """The execution memory of `traces` (fitted leave-one-out on their first-stage ranking)
+        and their query adapter (without a tool embedder, none)."""
         if not traces:
-            return None
+            return None, None
         intents = await embed_intents(
             [t.intent for t in traces], self._embedder, self._tool_embedder
         )
@@ -365,12 +392,14 @@ class LearningLoop:
             for t, i in zip(traces, intents, strict=True)
         ]
 
-        def fitted() -> MemoryRanker | None:
+        def memory() -> MemoryRanker | None:
             ids = view.hierarchy.tool_ids
             first = [view.first_stage(i) for i in intents]
             return fit(executions, first, ids, graph.servers_of(ids))
 
-        return await asyncio.to_thread(fitted)
+        ranker = await asyncio.to_thread(memory)
+        rng = np.random.default_rng(int(self._rng.integers(2**32)))  # the thread's own
+        return ranker, await asyncio.to_thread(_fit_adapter, view, traces, intents, rng)
 
     async def _intents(self, texts: list[str]) -> list[np.ndarray]:
         unique = list(dict.fromkeys(texts))
@@ -454,6 +483,7 @@ def _judge(
     config: ShgatConfig,
     params: Params,
     memory: ServedMemory | None,
+    adapter: QueryAdapter | None,
     intents: Sequence[Intent],
     judged: Sequence[Judged],
     min_judged: int,
@@ -464,23 +494,59 @@ def _judge(
     candidate = ServingModel(config, params, serving.hierarchy)
     blind = candidate if unseen is serving else ServingModel(config, params, unseen.hierarchy)
     views = [(unseen, blind) if j.novel else (serving, candidate) for j in judged]
-    first = [serving.first_stage(i) for i in intents]
+    usable = adapter if adapter is not None and adapter.parts == serving.baseline.parts else None
+    pairs = [serving.baseline.scores_adapted(i, usable.adapt if usable else None) for i in intents]
+    first = [plain for plain, _ in pairs]
     return judge(
         first_stage=first,
         serving=[
             view.corrected(f, i) for (view, _), f, i in zip(views, first, intents, strict=True)
         ],
-        candidate_correction=[
-            tool_scores(model, i.vector) for (_, model), i in zip(views, intents, strict=True)
-        ],
+        candidate=Corrections(
+            shgat=[
+                tool_scores(model, i.vector) for (_, model), i in zip(views, intents, strict=True)
+            ],
+            memory=(
+                [memory.correction(f, i.vector) for f, i in zip(first, intents, strict=True)]
+                if memory is not None
+                else None
+            ),
+            adapter=(
+                [a - f if a is not None else np.zeros_like(f) for f, a in pairs]
+                if usable is not None
+                else None
+            ),
+        ),
         judged=judged,
         min_judged=min_judged,
-        candidate_memory=(
-            [memory.correction(f, i.vector) for f, i in zip(first, intents, strict=True)]
-            if memory is not None
-            else None
-        ),
         fresher=fresher,
+    )
+
+
+def _fit_adapter(
+    view: TenantView,
+    traces: Sequence[Trace],
+    intents: Sequence[Intent],
+    rng: np.random.Generator,
+) -> QueryAdapter | None:
+    """The query adapter of `traces` over the tenant's catalog (`pml_shgat.adapter`); None
+    without the tool embedder's vectors."""
+    catalog = view.baseline.catalog
+    if catalog is None or not view.baseline.parts:
+        return None
+    known = [
+        (
+            i.text_vectors[0],
+            [t for t in map(view.hierarchy.node_index, trace.path) if t is not None],
+        )
+        for trace, i in zip(traces, intents, strict=True)
+        if i.text_vectors is not None and len(i.text_vectors)
+    ]
+    if not known:
+        return None
+    tools = [[t for t in found if view.hierarchy.is_tool(t)] for _, found in known]
+    return query_adapter.fit(
+        np.stack([vector for vector, _ in known]), tools, catalog, view.baseline.parts, rng
     )
 
 
