@@ -12,9 +12,8 @@ from pml_shgat.memory import (
     Execution,
     Memory,
     fit,
-    memory_from_bytes,
 )
-from pml_shgat.params import from_bytes, init_params, make_config, to_bytes
+from pml_shgat.params import from_bytes, init_params, make_config, read_version, to_bytes
 
 DIM = 16
 TOOLS = [f"t{i:02d}" for i in range(60)]
@@ -122,7 +121,7 @@ def test_the_memory_travels_in_the_version_bytes_and_tools_gone_are_dropped() ->
     # the parameters read back as before, without the memory's arrays
     _, read = from_bytes(blob)
     assert sorted(read) == sorted(params)
-    back = memory_from_bytes(blob)
+    back = read_version(blob).memory
     assert back is not None and np.allclose(back.weights, ranker.weights)
     assert [e.tools for e in back.executions] == [e.tools for e in executions]
     scores, intent = rng.random(len(TOOLS)), _unit(rng)
@@ -131,7 +130,7 @@ def test_the_memory_travels_in_the_version_bytes_and_tools_gone_are_dropped() ->
         ranker.serve(TOOLS, SERVERS).correction(scores, intent),
         atol=1e-3,  # intents are stored as float16
     )
-    assert memory_from_bytes(to_bytes(config, params)) is None
+    assert read_version(to_bytes(config, params)).memory is None
     # served over a catalog that lost t00: executions that ran it count their other tool only
     smaller = back.serve(TOOLS[1:], SERVERS[1:])
     assert smaller.memory.use.sum() == sum(len(e.tools) for e in executions) - sum(
@@ -169,4 +168,4 @@ def test_an_inconsistent_stored_memory_is_refused(bad: str) -> None:
     config = make_config(DIM, 8, len(TOOLS))
     blob = to_bytes(config, init_params(config, np.eye(len(TOOLS), DIM), 0), arrays)
     with pytest.raises(ValueError, match="inconsistent"):
-        memory_from_bytes(blob)
+        read_version(blob)

@@ -27,7 +27,7 @@ from pml_common.tool_graph import read_tool_graph
 from pml_scorer.main import ScorerApp
 from pml_shgat.adapter import QueryAdapter
 from pml_shgat.gating import ADAPTER_WEIGHT_METRIC, MEMORY_WEIGHT_METRIC, WEIGHT_METRIC, tool_scores
-from pml_shgat.memory import FEATURES, Execution, MemoryRanker, memory_from_bytes
+from pml_shgat.memory import FEATURES, Execution, MemoryRanker
 from pml_shgat.params import read_version, to_bytes
 from pml_shgat.serving import ScoredNode, ServingModel
 
@@ -419,7 +419,7 @@ async def test_a_version_with_an_execution_memory_serves_its_weighted_correction
     )
     reply = await _served_tools(stub, tenant, record.version)
     assert reply.memory_weight == 2.0 and reply.correction_weight == 0.0
-    stored = memory_from_bytes(to_bytes(config, initial, ranker.to_arrays()))
+    stored = read_version(to_bytes(config, initial, ranker.to_arrays())).memory
     assert stored is not None
     served = stored.serve(hierarchy.tool_ids, graph.servers_of(hierarchy.tool_ids))
     scores = first.scores(intent)

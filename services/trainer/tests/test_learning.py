@@ -21,7 +21,6 @@ from pml_common.stores import redis_client
 from pml_common.tool_graph import ToolGraph, read_tool_graph
 from pml_shgat.gating import FRESHER_GROWTH, WEIGHT_GRID
 from pml_shgat.hierarchy import Hierarchy
-from pml_shgat.memory import memory_from_bytes
 from pml_shgat.params import (
     Params,
     from_bytes,
@@ -471,7 +470,7 @@ async def test_a_candidate_whose_memory_knows_these_users_is_published_with_it(
     assert _decisive(m, "candidate") > _decisive(m, "first_stage")
     current = await rig.registry.current(tenant)
     assert current is not None and current[0].version == record.version
-    memory = memory_from_bytes(current[1])
+    memory = read_version(current[1]).memory
     assert memory is not None
     assert [e.tools for e in memory.executions] == [tuple(t.path) for t in remembered]
 

@@ -27,7 +27,6 @@ onto the tenant's current catalog when served; a tool no longer in it is dropped
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -245,13 +244,6 @@ class MemoryRanker:
 
 def is_memory_array(name: str) -> bool:
     return name.startswith(_PREFIX)
-
-
-def memory_from_bytes(blob: bytes) -> MemoryRanker | None:
-    """The execution memory published in a version's bytes (`params.to_bytes`), if any."""
-    with np.load(io.BytesIO(blob), allow_pickle=False) as archive:
-        arrays = {name: archive[name] for name in archive.files if is_memory_array(name)}
-    return MemoryRanker.from_arrays(arrays)
 
 
 @dataclass(frozen=True)
