@@ -14,9 +14,10 @@ set (and barred from hurting the held-back executions whose tool set the buffer 
 else it is kept in the registry as the tenant's last rejected candidate, with its figures, and
 the serving version stays.
 
-Each candidate carries two corrections: the trained SHGAT, and an execution memory
+Each candidate carries three corrections: the trained SHGAT, an execution memory
 (`pml_shgat.memory`) fitted in the same round on the buffer's newest traces, each read with the
-memory of the others; the memory travels in the version's bytes.
+memory of the others, and a query adapter (`pml_shgat.adapter`) fitted on the same traces; the
+memory and the adapter travel in the version's bytes.
 
 Safety: the lease is checked before every step and before publishing, and a lost lease
 abandons the round; the registry accepts a publish only with the newest fencing token, so even
@@ -59,12 +60,7 @@ from pml_shgat.training import (
     make_batch,
     path_examples,
 )
-from pml_trainer.evaluation import (
-    TenantView,
-    build_view,
-    hierarchy_of,
-    without_workflows,
-)
+from pml_trainer.evaluation import TenantView, build_view, hierarchy_of, without_workflows
 from pml_trainer.handlers import Publisher
 from pml_trainer.holdout import HoldOut
 from pml_trainer.replay_buffer import ReplayBuffer, Sample, Trace
@@ -342,9 +338,9 @@ class LearningLoop:
         adapter: QueryAdapter | None = None,
     ) -> Verdict:
         """Judge a candidate (SHGAT `params`, and its execution `memory` and query `adapter` when
-        it has them) against
-        the serving view on the tenant's held-back executions (`fresher`: it learned from enough
-        more executions than the serving version to replace it on a tie, `gating.judge`).
+        it has them) against the serving view on the tenant's held-back executions (`fresher`:
+        it learned from enough more executions than the serving version to replace it on a tie,
+        `gating.judge`).
 
         A novel one (no trace in the replay buffer ran its set of tools) is judged as new work:
         without the capabilities that run exactly its tools (`without_workflows`), since work
