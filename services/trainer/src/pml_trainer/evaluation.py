@@ -83,24 +83,11 @@ class TenantView:
 
     def corrected(self, first_stage: NDArray[np.floating], intent: Intent) -> NDArray[np.floating]:
         """The served scores of `intent` from its first-stage scores, already computed."""
-        adapted = (
-            adapted_first_stage(self.baseline, self.adapter, intent)
-            if self.weights.adapter
-            else None
-        )
+        adapt = self.adapter.adapt if self.adapter is not None and self.weights.adapter else None
+        adapted = self.baseline.scores_adapted(intent, adapt)[1] if adapt else None
         return served_tool_scores(
             first_stage, intent.vector, self.serving, self.memory, self.weights, adapted
         )
-
-
-def adapted_first_stage(
-    baseline: FusedFirstStage, adapter: QueryAdapter | None, intent: Intent
-) -> NDArray[np.floating] | None:
-    """The first stage of the request's embeddings mapped by `adapter`; None without one, or
-    when it was fitted for another tool embedder."""
-    if adapter is None or adapter.parts != baseline.parts:
-        return None
-    return baseline.scores_adapted(intent, adapter.adapt)[1]
 
 
 def build_view(
@@ -131,7 +118,8 @@ def build_view(
         record.version,
         time.monotonic(),
         ranker.serve(hierarchy.tool_ids, graph.servers_of(hierarchy.tool_ids)) if ranker else None,
-        version.adapter,
+        # an adapter fitted for another tool embedder cannot map this one's vectors
+        version.adapter if version.adapter and version.adapter.parts == baseline.parts else None,
         Weights.of_metrics(record.metrics),
     )
 

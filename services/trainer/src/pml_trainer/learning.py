@@ -490,8 +490,10 @@ def _judge(
     candidate = ServingModel(config, params, serving.hierarchy)
     blind = candidate if unseen is serving else ServingModel(config, params, unseen.hierarchy)
     views = [(unseen, blind) if j.novel else (serving, candidate) for j in judged]
-    usable = adapter if adapter is not None and adapter.parts == serving.baseline.parts else None
-    pairs = [serving.baseline.scores_adapted(i, usable.adapt if usable else None) for i in intents]
+    # the candidate's adapter was fitted on this view's catalog (`_fit_adapter`)
+    pairs = [
+        serving.baseline.scores_adapted(i, adapter.adapt if adapter else None) for i in intents
+    ]
     first = [plain for plain, _ in pairs]
     return judge(
         first_stage=first,
@@ -509,7 +511,7 @@ def _judge(
             ),
             adapter=(
                 [a - f if a is not None else np.zeros_like(f) for f, a in pairs]
-                if usable is not None
+                if adapter is not None
                 else None
             ),
         ),
