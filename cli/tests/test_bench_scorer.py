@@ -7,7 +7,12 @@ import io
 import numpy as np
 from rich.console import Console
 
-from pml_cli.bench_scorer import _grpc_latencies, _synthetic_hierarchy, _synthetic_memory
+from pml_cli.bench_scorer import (
+    _first_stage_cost,
+    _grpc_latencies,
+    _synthetic_hierarchy,
+    _synthetic_memory,
+)
 from pml_common.embedding import build_embedder
 from pml_common.settings import Settings
 from pml_shgat.hierarchy import normalise_rows
@@ -30,3 +35,10 @@ def test_score_capabilities_and_score_tools_are_both_measured() -> None:
     )
     assert len(capabilities) == len(tools) == 5
     assert all(t > 0 for t in capabilities + tools)
+
+
+def test_first_stage_is_measured_plain_and_adapted() -> None:
+    figures = _first_stage_cost(300, 20, np.random.default_rng(0), Console(file=io.StringIO()))
+    assert figures["first_stage_tools"] == 300 and figures["adapter_executions"] == 20
+    assert figures["first_stage_p50_ms"] > 0 and figures["adapted_first_stage_p50_ms"] > 0
+    assert figures["adapter_fit_s"] > 0

@@ -8,6 +8,13 @@
 - `tools_p50_ms` / `tools_p99_ms`: `ScoreTools` over gRPC on the same tools, served as a
   published version is, `first stage + SHGAT + execution memory`, with a memory of
   `memory_executions` remembered executions (`memory_inproc_p50_ms`: the memory's own time).
+- `first_stage_p50_ms` / `adapted_first_stage_p50_ms`: the first stage `ScoreTools` computes
+  for a request of `first_stage_goals` clauses over `first_stage_tools` tools with the default
+  tool embedder's widths (512 + 384), in process: plain, then with a query adapter (the plain
+  and the adapted relevance, BM25 read once, as a version with an adapter is served).
+  `adapter_fit_s`: fitting that adapter on `adapter_executions` executions (random vectors,
+  2-4 tools each; a round's cost, paid by the trainer). Both on one BLAS thread, as the scorer
+  and the trainer run.
 - `train_step_ms`: one PER training step (32 traces, one example per path node) on a smaller
   synthetic hierarchy (`train_graph_nodes`).
 - `event_to_serving_s`: through the running system (or a private one), the wall time from
@@ -30,6 +37,7 @@ from typing import Any
 import grpc
 import numpy as np
 from rich.console import Console
+from threadpoolctl import threadpool_limits
 
 from pml.v1 import common_pb2, scorer_pb2, scorer_pb2_grpc, search_pb2
 from pml_cli import client
@@ -40,10 +48,12 @@ from pml_common.embedding import Embedder, build_embedder
 from pml_common.events import ExecutionCompleted, ExecutionStep, ToolSpec
 from pml_common.grpc_server import GrpcServer
 from pml_common.settings import Settings
-from pml_common.tool_first_stage import FusedFirstStage
+from pml_common.tool_first_stage import FusedFirstStage, Intent
+from pml_common.tool_graph import GraphTool, ToolGraph
 from pml_scorer.models import TenantModel
 from pml_scorer.service import ScorerServicer
 from pml_scorer.snapshots import ModelSnapshots
+from pml_shgat.adapter import fit as fit_adapter
 from pml_shgat.gating import Weights
 from pml_shgat.hierarchy import CapabilityInput, Hierarchy, normalise_rows
 from pml_shgat.memory import CAPACITY, FEATURES, Execution, MemoryRanker, ServedMemory
@@ -56,6 +66,12 @@ DEMO_CATALOG = Path(__file__).parent / "demo" / "catalog.jsonl"
 TRAIN_BATCH = 32
 TRAIN_STEPS = 20
 INPROC_CALLS = 200
+FIRST_STAGE_TOOLS = 10_000
+FIRST_STAGE_GOALS = 3
+#: The default tool embedder's widths (USE multilingual, multilingual-e5-small).
+EMBEDDER_PARTS = (512, 384)
+ADAPTER_EXECUTIONS = 300
+_WORDS = np.array([f"w{i}" for i in range(5_000)])
 
 
 def bench_scorer(
@@ -103,6 +119,9 @@ def bench_scorer(
         "memory_executions": len(memory.memory),
         "memory_inproc_p50_ms": _ms(statistics.median(remembered)),
     }
+    # on one BLAS thread, as the scorer serves and the trainer fits
+    with threadpool_limits(limits=1, user_api="blas"):
+        result |= _first_stage_cost(FIRST_STAGE_TOOLS, ADAPTER_EXECUTIONS, rng, console)
     result |= _train_step(dim, settings.shgat_key_dim, rng, console)
     result |= _event_to_serving(settings, rounds, console)
     return result
@@ -223,6 +242,60 @@ async def _grpc_latencies(
             return timed[0], timed[1]
     finally:
         await server.stop()
+
+
+def _first_stage_cost(
+    tools: int, executions: int, rng: np.random.Generator, console: Console
+) -> dict[str, Any]:
+    with phase(console, f"building a first stage of {tools} tools (BM25, 2 models)"):
+        catalog = _ensemble_rows(tools, rng)
+        first_stage = _synthetic_first_stage(catalog, rng)
+        intents = [
+            Intent(
+                np.zeros(1),
+                tuple(" ".join(rng.choice(_WORDS, size=8)) for _ in range(FIRST_STAGE_GOALS)),
+                _ensemble_rows(FIRST_STAGE_GOALS, rng),
+            )
+            for _ in range(16)
+        ]
+    requests = _ensemble_rows(executions, rng)
+    ran = [rng.choice(tools, size=int(rng.integers(2, 5))).tolist() for _ in requests]
+    with phase(console, f"measured: a query adapter fitted on {executions} executions"):
+        started = time.perf_counter()
+        adapter = fit_adapter(requests, ran, catalog, EMBEDDER_PARTS, rng)
+        fit_s = time.perf_counter() - started
+    adapt = adapter.adapt if adapter is not None else None  # None only for an empty catalog
+    with phase(console, f"measured: {INPROC_CALLS} first stages, plain then adapted"):
+        plain = _timed(lambda i: first_stage.scores(intents[i % 16]), INPROC_CALLS)
+        adapted = _timed(lambda i: first_stage.scores_adapted(intents[i % 16], adapt), INPROC_CALLS)
+    return {
+        "first_stage_tools": tools,
+        "first_stage_goals": FIRST_STAGE_GOALS,
+        "first_stage_p50_ms": _ms(statistics.median(plain)),
+        "adapted_first_stage_p50_ms": _ms(statistics.median(adapted)),
+        "adapter_executions": executions,
+        "adapter_fit_s": round(fit_s, 2),
+    }
+
+
+def _synthetic_first_stage(catalog: np.ndarray, rng: np.random.Generator) -> FusedFirstStage:
+    """A first stage over tools of random texts whose tool-embedder vectors are `catalog`."""
+    graph_tools = tuple(
+        GraphTool(f"s{i % 200}:t{i}", f"t{i}", " ".join(rng.choice(_WORDS, size=20)), f"s{i % 200}")
+        for i in range(len(catalog))
+    )
+    vectors = {t.id: catalog[i] for i, t in enumerate(graph_tools)}
+    return FusedFirstStage.of_graph(
+        ToolGraph("", graph_tools, (), vectors, catalog, EMBEDDER_PARTS)
+    )
+
+
+def _ensemble_rows(count: int, rng: np.random.Generator) -> np.ndarray:
+    """Rows laid out as the tool embedder gives them: each model's unit vector scaled by
+    1/√k, side by side."""
+    scale = 1 / np.sqrt(len(EMBEDDER_PARTS))
+    blocks = [normalise_rows(rng.standard_normal((count, w))) * scale for w in EMBEDDER_PARTS]
+    return np.hstack(blocks).astype(np.float32)
 
 
 def _train_step(

@@ -88,3 +88,31 @@ def test_the_adapter_travels_in_the_version_bytes() -> None:
     broken = {**adapter.to_arrays(), "adapter/1": np.zeros((3, 3), np.float16)}
     with pytest.raises(ValueError, match="query adapter"):
         read_version(to_bytes(config, params, broken))
+
+
+def _full_gradient(
+    w: np.ndarray, x: np.ndarray, tools: np.ndarray, executed: list[int]
+) -> np.ndarray:
+    """The gradient of the module's objective over every map W (width² unknowns)."""
+    targets = np.zeros((len(x), len(tools)))
+    targets[np.arange(len(x)), executed] = 1.0
+    logits = (x @ w) @ tools.T / query_adapter.TEMPERATURE
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    residual = (p - targets) / (len(x) * query_adapter.TEMPERATURE)
+    gradient: np.ndarray = x.T @ (residual @ tools) + 2 * query_adapter.RIDGE * (w - np.eye(len(w)))
+    return gradient
+
+
+def test_the_map_minimises_the_objective_over_every_map() -> None:
+    """Fitted in the span of the requests and the tools (fewer requests than dimensions here),
+    the map is still the minimiser over all maps: the full gradient vanishes there."""
+    rng = np.random.default_rng(2)
+    requests, tools, executed = _worded_apart(rng, 12)
+    x, catalog = _unit(requests), _unit(tools)
+    fitted = query_adapter.fit(x, [[t] for t in executed], catalog, (16,), rng)
+    assert fitted is not None
+    at_identity = np.abs(_full_gradient(np.eye(16), x, catalog, executed)).max()
+    at_map = np.abs(_full_gradient(fitted.maps[0].astype(np.float64), x, catalog, executed)).max()
+    assert at_identity > 0.01
+    assert at_map < 1e-3 * at_identity

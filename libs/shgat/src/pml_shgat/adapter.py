@@ -141,27 +141,45 @@ def _columns(
 
 
 def _fit_map(x: FloatArray, tools: FloatArray, targets: FloatArray) -> NDArray[np.float32]:
+    """The map minimising the module's objective for requests `x` over `tools`.
+
+    The loss reads W only through x W toolsᵀ, and the pull is toward I, so the minimiser is
+    I + Qx M Qtᵀ, where Qx and Qt are orthonormal bases of the requests' and the tools' spans
+    (every gradient lies in that subspace, so L-BFGS started at I never leaves it). M is fitted
+    instead of W: the same map, with (requests × tools) unknowns in place of width² when a
+    tenant has fewer executions or tools than the embedding has dimensions.
+    """
     width = x.shape[1]
-    identity = np.eye(width)
+    qx = np.linalg.qr(x.T)[0]
+    qt = np.linalg.qr(tools.T)[0]
+    # float32 products: half the time of float64, and far finer than the cosines they read
+    a, b = (x @ qx).astype(np.float32), (tools @ qt).astype(np.float32)
+    base = (x @ tools.T / TEMPERATURE).astype(np.float32)
+    goal = np.asarray(targets, dtype=np.float32)
+    shape = (qx.shape[1], qt.shape[1])
 
     def loss(flat: FloatArray) -> tuple[float, FloatArray]:
-        w = flat.reshape(width, width)
-        logits = (x @ w) @ tools.T / TEMPERATURE
+        m = flat.reshape(shape).astype(np.float32)
+        logits = base + (a @ m) @ b.T / np.float32(TEMPERATURE)
         logits -= logits.max(axis=1, keepdims=True)
         log_p = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-        value = -(targets * log_p).sum() / len(x) + RIDGE * ((w - identity) ** 2).sum()
-        residual = (np.exp(log_p) - targets) / (len(x) * TEMPERATURE)
-        grad = x.T @ (residual @ tools) + 2 * RIDGE * (w - identity)
-        return float(value), grad.ravel()
+        # the value summed in float64: L-BFGS's line search compares values this close
+        value = -np.sum(goal * log_p, dtype=np.float64) / len(x) + RIDGE * np.sum(
+            m**2, dtype=np.float64
+        )
+        residual = (np.exp(log_p) - goal) / np.float32(len(x) * TEMPERATURE)
+        grad = a.T @ (residual @ b) + 2 * RIDGE * m
+        return float(value), grad.ravel().astype(np.float64)
 
     result = optimize.minimize(
         loss,
-        identity.ravel(),
+        np.zeros(shape[0] * shape[1]),
         jac=True,
         method="L-BFGS-B",
         options={"maxiter": MAX_ITERATIONS},
     )
-    return np.asarray(result.x.reshape(width, width), dtype=np.float32)
+    delta = qx @ result.x.reshape(shape) @ qt.T
+    return np.asarray(np.eye(width) + delta, dtype=np.float32)
 
 
 def _spans(widths: Sequence[int]) -> list[tuple[int, int]]:
