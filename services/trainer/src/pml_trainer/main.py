@@ -46,7 +46,7 @@ log = structlog.get_logger(__name__)
 async def serve(settings: Settings) -> None:
     configure_logging(SERVICE, settings)
     setup_telemetry(SERVICE, settings)
-    # One BLAS thread: a round's products are small (a query adapter's fit is 2 to 5 times
+    # One BLAS thread: a round's products are small (a query adapter's fit is 2 to 7 times
     # faster on one thread than on OpenBLAS's pool of two, a training step 7 % slower), and the
     # pool's workers would compete with the consumers and the event loop on a small pod.
     threadpool_limits(limits=1, user_api="blas")
