@@ -68,8 +68,8 @@ TRAIN_STEPS = 20
 INPROC_CALLS = 200
 FIRST_STAGE_TOOLS = 10_000
 FIRST_STAGE_GOALS = 3
-#: The default tool embedder's widths (USE multilingual, multilingual-e5-small).
-EMBEDDER_PARTS = (512, 384)
+#: The default tool embedder's widths (USE multilingual, multilingual-e5-small, MiniLM).
+EMBEDDER_PARTS = (512, 384, 384)
 ADAPTER_EXECUTIONS = 300
 _WORDS = np.array([f"w{i}" for i in range(5_000)])
 

