@@ -1,8 +1,9 @@
 """The dense pass of concurrent requests over one matrix, shared and run off the event loop.
 
-At 10,000 tools × (512 + 384) dimensions a request's dense pass reads 36 MB of vectors: it is
-bound by reading them, not by the arithmetic (on the 2-core development machine one query takes
-3.8 ms of a core, eight query columns at once 8.8 ms). So the requests that arrive while a pass
+At 10,000 tools × (512 + 384) dimensions (USE and e5; the default's MiniLM adds 384 more) a
+request's dense pass reads 36 MB of vectors: it is bound by reading them, not by the arithmetic
+(on the 2-core development machine one query takes 3.8 ms of a core, eight query columns at
+once 8.8 ms). So the requests that arrive while a pass
 runs wait for the next one and share it, one product per model for all of them, and the pass
 runs in a worker thread (numpy releases the GIL) while the event loop goes on serving.
 
