@@ -36,10 +36,18 @@ def test_bench_search_beside_a_registration_prints_the_phases_side_by_side() -> 
 def test_bench_search_reports_registration_first_request_and_both_sides() -> None:
     env = {"PML_SEARCH_ADDR": "127.0.0.1:9"}  # a private system, as above
     args = ["bench", "search", "--tools", "30", "--requests", "12", "--clients", "3", "--json"]
-    result = CliRunner().invoke(app, args, env=env)
+    result = CliRunner().invoke(app, [*args, "--repeats", "3"], env=env)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert (report["tools"], report["clients"], report["requests"]) == (30, 3, 12)
+    # three measurements of the one registered catalog, the top-level figures their medians
+    repeats = report["repeats"]
+    assert len(repeats) == 3
+    assert [line for line in result.stderr.splitlines() if line.startswith("measured:")] == [
+        f"measured: 12 gRPC searches from 3 clients ({r} of 3)" for r in (1, 2, 3)
+    ]
+    for key in ("p50_ms", "p99_ms", "qps"):
+        assert report[key] == sorted(r[key] for r in repeats)[1]
     assert report["register_s"] > 0 and report["first_search_ms"] > 0
     assert report["consumers_caught_up_s"] is not None
     assert "waiting until the consumers of the registration catch up" in result.stderr
@@ -57,6 +65,13 @@ def test_stage_percentiles_split_the_client_time_at_the_service() -> None:
     p99 = stage_percentiles(stages, 0.99)
     assert p99 == {"embed": 3.0, "retrieve": 5.0, "server": 6.0, "outside_server": 17.0}
     assert stage_percentiles(stages, 0.0)["outside_server"] == 4.0
+
+
+def test_bench_search_refuses_repeats_beside_a_registration() -> None:
+    args = ["bench", "search", "--neighbour-tools", "10", "--repeats", "2"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0
+    assert "--repeats measures the searches alone" in result.output
 
 
 def test_bench_search_refuses_more_neighbour_tools_than_a_request_may_hold() -> None:

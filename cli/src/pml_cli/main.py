@@ -658,18 +658,29 @@ def bench_search(
             "new tools in one request, then until its event is consumed, side by side.",
         ),
     ] = 0,
+    repeats: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=20,
+            help="Measure the gRPC searches this many times on the one registered catalog; "
+            "p50, p99 and qps are then the medians of the repeats.",
+        ),
+    ] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Search latency over gRPC with concurrent clients, and the same ranking in-process."""
     from pml_cli.bench_search import bench_search as run_bench
     from pml_cli.bench_search import bench_search_beside_registration
 
+    if neighbour_tools and repeats > 1:
+        fail("--repeats measures the searches alone; it cannot be used with --neighbour-tools")
     if neighbour_tools:
         result = bench_search_beside_registration(
             Settings(), tools, neighbour_tools, requests, clients, err
         )
     else:
-        result = run_bench(Settings(), tools, requests, clients, err)
+        result = run_bench(Settings(), tools, requests, clients, err, repeats)
     _emit(result, as_json)
 
 
