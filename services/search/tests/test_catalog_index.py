@@ -11,7 +11,7 @@ import pytest
 
 from pml_common.embedding import build_tool_embedder, catalog_text
 from pml_common.events import ToolSpec, ToolsRegistered
-from pml_common.first_stage import DENSE, HYBRID, LEXICAL, sub_goals
+from pml_common.first_stage import DENSE, HYBRID, LEXICAL, part_cosines, sub_goals
 from pml_common.settings import Settings
 from pml_common.stores import redis_client
 from pml_search import cosine_batches
@@ -23,7 +23,6 @@ from pml_search.catalog_index import (
     TenantMatrix,
 )
 from pml_search.consumers import SearchConsumers
-from pml_search.quantised_pass import Approximate, IntegerProduct, Rows, approximate
 from pml_search.vector_store import QdrantVectorStore
 
 
@@ -100,11 +99,11 @@ async def test_writes_during_a_dense_pass_never_change_the_rows_it_reads(
 ) -> None:
     release = threading.Event()
 
-    def held_pass(rows: Rows, queries: np.ndarray, product: IntegerProduct) -> Approximate:
+    def held_pass(models: list[np.ndarray], queries: np.ndarray) -> np.ndarray:
         release.wait(timeout=10)
-        return approximate(rows, queries, product)
+        return part_cosines(models, queries)
 
-    monkeypatch.setattr(cosine_batches, "approximate", held_pass)
+    monkeypatch.setattr(cosine_batches, "part_cosines", held_pass)
     matrix = TenantMatrix(2)
     entry = [CatalogEntry("t", f"s:{i}", TOOL, f"tool {i}", "s", "") for i in range(3)]
     matrix.upsert(entry[:2], ["a", "b"], np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32))

@@ -293,43 +293,6 @@ def hybrid_relevance(
     return with_sub_goals(fused_relevance(*request), [fused_relevance(*g) for g in goals])
 
 
-def relevance_of(retriever: str, cosines: np.ndarray, lexical: Sequence[np.ndarray]) -> np.ndarray:
-    """The `retriever`'s relevance of each of n tools from (models, texts, n) cosines of the
-    request then its sub-goals and each text's (n,) raw BM25 scores."""
-    if retriever == LEXICAL:
-        return normalised_lexical(lexical[0])
-    if retriever == DENSE:
-        dense: np.ndarray = cosines[:, 0].mean(axis=0)
-        return dense
-    parts = [(cosines[:, j], scores) for j, scores in enumerate(lexical)]
-    return hybrid_relevance(parts[0], parts[1:])
-
-
-def relevance_error(retriever: str, bounds: np.ndarray, spans: np.ndarray) -> np.ndarray:
-    """A bound on the error of `relevance_of` when each cosine may be off by `bounds`
-    ((models, texts, n)) but every (model, text)'s lowest and highest cosines are exact and
-    `spans` ((models, texts)) apart.
-
-    Min-max divides an error by the span (a span of zero clips instead, which keeps it), the
-    fusion weighs the models and clips, and the sub-goal blend averages the request's error
-    with the largest of its sub-goals'.
-    """
-    if retriever == LEXICAL:
-        return np.zeros(bounds.shape[-1], dtype=np.float32)
-    if retriever == DENSE:
-        dense: np.ndarray = bounds[:, 0].mean(axis=0)
-        return dense
-    weights = np.asarray(DENSE_WEIGHTS[len(bounds)], dtype=np.float32)
-    scaled = bounds / np.where(spans > 1e-9, spans, 1.0)[..., None]
-    per_text: np.ndarray = np.tensordot(weights, scaled, axes=1)  # (texts, n)
-    request: np.ndarray = per_text[0]
-    goals = per_text[1:]
-    if not len(goals):
-        return request
-    blended: np.ndarray = (1.0 - SUB_GOAL_SHARE) * request + SUB_GOAL_SHARE * goals.max(axis=0)
-    return blended
-
-
 def fused_relevance(
     dense: np.ndarray, lexical: np.ndarray, weights: Sequence[float] | None = None
 ) -> np.ndarray:

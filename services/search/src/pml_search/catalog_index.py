@@ -57,25 +57,18 @@ import structlog
 from pml_common.embedding import Embedder, catalog_text, part_dims
 from pml_common.first_stage import (
     DENSE,
+    HYBRID,
+    LEXICAL,
     LexicalIndex,
     ToolText,
+    hybrid_relevance,
     normalised_lexical,
     part_spans,
-    relevance_error,
-    relevance_of,
 )
 from pml_common.settings import Settings
 from pml_common.tenant_cache import TenantCache
 from pml_search.cosine_batches import CosineBatches
-from pml_search.quantised_pass import (
-    ZERO_POINT,
-    Approximate,
-    IntegerProduct,
-    RowCodes,
-    Rows,
-    exact_top,
-    quantise_rows,
-)
+from pml_search.ranking import top_k_indices
 from pml_search.vector_store import VectorPoint, VectorStore
 
 log = structlog.get_logger(__name__)
@@ -195,16 +188,13 @@ class TenantMatrix:
 
     Rows live in one buffer per model of the embedder (contiguous: a request's dense pass reads
     each model's columns whole), whose capacity doubles, so adding entries one event at a time
-    costs amortised O(1) copies; beside each, the rows' 8-bit codes, which the pass reads
-    (`pml_search.quantised_pass`). Writers run on the event loop thread. The dense pass of
+    costs amortised O(1) copies. Writers run on the event loop thread. The dense pass of
     concurrent requests runs in a worker thread (`CosineBatches`) over the first n rows: rows
     appended meanwhile are past them, and a row replaced meanwhile is written into fresh copies
     of the buffers, so a pass never reads a row half written.
     """
 
-    def __init__(
-        self, dim: int, parts: tuple[int, ...] | None = None, product: IntegerProduct | None = None
-    ) -> None:
+    def __init__(self, dim: int, parts: tuple[int, ...] | None = None) -> None:
         self.dim = dim
         #: Widths of the embedder's models within a vector (see `EnsembleEmbedder`).
         self.parts = parts or (dim,)
@@ -212,8 +202,7 @@ class TenantMatrix:
         self.hashes: list[str] = []
         self.index: dict[str, int] = {}
         self._buffers = [np.zeros((0, width), dtype=np.float32) for width in self.parts]
-        self._codes = [quantise_rows(buffer) for buffer in self._buffers]
-        self._cosines = CosineBatches(self._rows, product or IntegerProduct())
+        self._cosines = CosineBatches(self._rows)
         #: Bumped by every upsert; the lexical index says which version it was built from.
         self.version = 0
         self._lexical: LexicalIndex | None = None
@@ -225,15 +214,11 @@ class TenantMatrix:
 
     @property
     def vectors(self) -> np.ndarray:
-        return np.hstack(self._rows().floats)
+        return np.hstack(self._rows())
 
-    def _rows(self) -> Rows:
-        """Each model's columns of the rows in use, and their codes."""
-        n = len(self.entries)
-        return Rows(
-            [buffer[:n] for buffer in self._buffers],
-            [RowCodes(c.codes[:n], c.scale[:n], c.residual[:n], c.norm[:n]) for c in self._codes],
-        )
+    def _rows(self) -> list[np.ndarray]:
+        """Each model's columns of the rows in use."""
+        return [buffer[: len(self.entries)] for buffer in self._buffers]
 
     def hash_of(self, node_id: str) -> str | None:
         i = self.index.get(node_id)
@@ -247,9 +232,7 @@ class TenantMatrix:
         self._reserve(len(self.entries) + added)
         if self._cosines.reading and any(e.id in self.index for e in entries):
             self._buffers = [buffer.copy() for buffer in self._buffers]
-            self._codes = [_copied(codes) for codes in self._codes]
-        at = []
-        for entry, digest in zip(entries, hashes, strict=True):
+        for entry, digest, vec in zip(entries, hashes, vecs, strict=True):
             i = self.index.get(entry.id)
             if i is None:
                 i = self.index[entry.id] = len(self.entries)
@@ -257,26 +240,19 @@ class TenantMatrix:
                 self.hashes.append(digest)
             else:
                 self.entries[i], self.hashes[i] = entry, digest
-            at.append(i)
-        # A row given twice in one call keeps its last vector, as it did row by row.
-        spans = part_spans(self.parts)
-        for buffer, codes, (start, width) in zip(self._buffers, self._codes, spans, strict=True):
-            buffer[at] = vecs[:, start : start + width]
-            coded = quantise_rows(buffer[at])
-            for name in ("codes", "scale", "residual", "norm"):
-                getattr(codes, name)[at] = getattr(coded, name)
+            for buffer, (start, width) in zip(self._buffers, part_spans(self.parts), strict=True):
+                buffer[i] = vec[start : start + width]
         self.version += 1
 
     def _reserve(self, rows: int) -> None:
         capacity = self._buffers[0].shape[0]
         if rows <= capacity:
             return
-        size, n = max(rows, 2 * capacity, 64), len(self.entries)
+        size = max(rows, 2 * capacity, 64)
         grown = [np.zeros((size, width), dtype=np.float32) for width in self.parts]
-        for new, old in zip(grown, self._buffers, strict=True):
-            new[:n] = old[:n]
+        for new, old in zip(grown, self._rows(), strict=True):
+            new[: len(old)] = old
         self._buffers = grown
-        self._codes = [_grown(codes, size, n) for codes in self._codes]
 
     async def lexical_index(self) -> LexicalIndex:
         """A lexical index of every entry upserted so far (rebuilt in a thread if stale)."""
@@ -315,60 +291,38 @@ class TenantMatrix:
 
 
 def _top_relevant(
-    approx: Approximate,
+    cosines: np.ndarray,
     texts: Sequence[str],
     index: LexicalIndex | None,
     k: int,
     retriever: str,
 ) -> list[tuple[int, float, float, float]]:
-    """(row, relevance, dense, lexical) of the `k` most relevant rows, from the pass's
-    approximate cosines of `texts` (the request, then its sub-goals), exact as in float32
-    (`quantised_pass.exact_top`); run in the dense pass's worker thread
-    (`CosineBatches.finished`)."""
-    rows = approx.cosines.shape[-1]
-    lexical = [
-        _padded(index.scores(text), rows) if index else np.zeros(rows, dtype=np.float32)
-        for text in texts
+    """(row, relevance, dense, lexical) of the `k` most relevant rows, from the (models,
+    texts, rows) cosines of `texts` (the request, then its sub-goals); run in the dense pass's
+    worker thread (`CosineBatches.finished`)."""
+    rows = cosines.shape[-1]
+    parts = [
+        (cosines[:, j], _padded(index.scores(text), rows) if index else np.zeros(rows))
+        for j, text in enumerate(texts)
     ]
-    top = exact_top(
-        approx,
-        lexical,
-        k,
-        lambda cosines, scores: relevance_of(retriever, cosines, scores),
-        lambda bounds, spans: relevance_error(retriever, bounds, spans),
-    )
-    dense = top.cosines[:, 0].mean(axis=0)
-    lexical_top = normalised_lexical(lexical[0])[top.rows]
+    models, bm25 = parts[0]
+    dense, lexical = models.mean(axis=0), normalised_lexical(bm25)
+    if retriever == HYBRID:
+        relevance = hybrid_relevance(parts[0], parts[1:])
+    else:
+        relevance = lexical if retriever == LEXICAL else dense
+    top = top_k_indices(relevance, k)
     # Read out as lists at once: one numpy scalar per entry and score costs more than the
     # fusion (a profile of the search service under load).
     return list(
         zip(
-            top.rows.tolist(),
-            top.relevance.tolist(),
-            dense.tolist(),
-            lexical_top.tolist(),
+            top.tolist(),
+            relevance[top].tolist(),
+            dense[top].tolist(),
+            lexical[top].tolist(),
             strict=True,
         )
     )
-
-
-def _copied(codes: RowCodes) -> RowCodes:
-    return RowCodes(
-        codes.codes.copy(), codes.scale.copy(), codes.residual.copy(), codes.norm.copy()
-    )
-
-
-def _grown(codes: RowCodes, size: int, n: int) -> RowCodes:
-    """`codes` in buffers of `size` rows, the first `n` kept."""
-    grown = RowCodes(
-        np.full((size, codes.codes.shape[1]), ZERO_POINT, dtype=np.uint8),
-        np.ones(size, dtype=np.float32),
-        np.zeros(size, dtype=np.float32),
-        np.zeros(size, dtype=np.float32),
-    )
-    for name in ("codes", "scale", "residual", "norm"):
-        getattr(grown, name)[:n] = getattr(codes, name)[:n]
-    return grown
 
 
 def _padded(scores: np.ndarray, rows: int) -> np.ndarray:
