@@ -344,6 +344,8 @@ GATE_FIGURES = (
     "holdout_serving_mrr",
     "holdout_first_stage_recall_at_5",
     "holdout_first_stage_mrr",
+    "holdout_cross_fitted_recall_at_5",
+    "holdout_cross_fitted_mrr",
 )
 
 

@@ -263,3 +263,28 @@ def test_the_adapter_gets_a_share_only_where_its_first_stage_ranks_better() -> N
     ]
     weights, _ = choose_weights(first, Corrections(useless, adapter=worse), judged)
     assert weights == (0.0, 0.0, 0.0)
+
+
+def _one_moved_in_seventeen(count: int) -> tuple[list[Judged], list[np.ndarray], list[np.ndarray]]:
+    """`count` executions of tool 0, which the first stage ranks first but in one execution of
+    seventeen, where it is sixth; a correction that points at tool 0 moves it back in."""
+    judged = [Judged((0,)) for _ in range(count)]
+    first = [_ranking([1, 2, 3, 4, 5, 0] if i % 17 == 0 else [0, 1, 2]) for i in range(count)]
+    return judged, first, [np.eye(10)[0] for _ in judged]
+
+
+def test_a_gain_that_weights_chosen_on_other_executions_do_not_keep_is_not_admitted() -> None:
+    judged, first, correction = _one_moved_in_seventeen(16)
+    verdict = judge(first, first, Corrections(correction), judged, min_judged=3)
+    # one execution more in the top five with the weights chosen on all of them: 6 points
+    assert verdict.candidate.recall_at_5 - verdict.first_stage.recall_at_5 == 1 / 16
+    assert better(verdict.candidate, verdict.first_stage)
+    # but no half's weights do that on the other half: that gain was found in noise
+    assert verdict.cross_fitted == verdict.first_stage
+    assert not verdict.accepted and "first stage" in verdict.reason
+    assert verdict.as_metrics()["holdout_cross_fitted_recall_at_5"] == 15 / 16
+    # the same rate of gains over 400 executions shows on both halves
+    judged, first, correction = _one_moved_in_seventeen(400)
+    verdict = judge(first, first, Corrections(correction), judged, min_judged=3)
+    assert verdict.accepted and verdict.weights.shgat > 0.0
+    assert verdict.cross_fitted.recall_at_5 == verdict.candidate.recall_at_5 == 1.0

@@ -122,7 +122,10 @@ async def rig(
 
 
 async def _add_traces(rig: Rig, tenant: str) -> None:
-    """Every intent learned; each capability's first intent, run again, is held back."""
+    """Every intent learned; the backups, run again, are held back: the first stage ranks
+    reading the file, their first step, below writing it, so the executions' lesson shows there
+    beyond the noise of a few executions (the other capabilities' first steps are the first
+    stage's top tools already: held back, they would only say the correction ties it)."""
     spec = {c.id: c for c in CAPABILITIES}
     for cap, intents in INTENTS.items():
         for j, intent in enumerate(intents):
@@ -134,14 +137,9 @@ async def _add_traces(rig: Rig, tenant: str) -> None:
                 capability_id=cap,
             )
             assert await rig.buffer.add(tenant, trace)
-        again = Trace(
-            trace_id=f"{cap}-held",
-            intent=intents[0],
-            path=spec[cap].tools,
-            outcome=1.0,
-            capability_id=cap,
-        )
-        await rig.holdout.hold(tenant, again)
+            if cap == "backup":
+                again = trace.model_copy(update={"trace_id": f"{cap}-{j}-held"})
+                await rig.holdout.hold(tenant, again)
 
 
 async def _capability_score(
