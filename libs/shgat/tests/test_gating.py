@@ -288,3 +288,20 @@ def test_a_gain_that_weights_chosen_on_other_executions_do_not_keep_is_not_admit
     verdict = judge(first, first, Corrections(correction), judged, min_judged=3)
     assert verdict.accepted and verdict.weights.shgat > 0.0
     assert verdict.cross_fitted.recall_at_5 == verdict.candidate.recall_at_5 == 1.0
+
+
+def test_a_serving_version_the_first_stage_beats_is_withdrawn_when_the_candidate_is_refused() -> (
+    None
+):
+    """Admitted early on a few held-back executions, the served correction now ranks them below
+    the first stage; the candidate beats it, but not the first stage cross-fitted: the
+    correction is withdrawn rather than left serving."""
+    judged, first, correction = _one_moved_in_seventeen(16)
+    wrong = [np.eye(10)[1] for _ in judged]  # pushes the executed tool below tool 1
+    serving = [served_scores(f, w, 16.0) for f, w in zip(first, wrong, strict=True)]
+    verdict = judge(first, serving, Corrections(correction), judged, min_judged=3)
+    assert better(verdict.first_stage, verdict.serving)
+    assert not better(verdict.cross_fitted, verdict.first_stage)
+    assert verdict.accepted and verdict.reason == WITHDRAWN
+    assert verdict.weights == (0.0, 0.0, 0.0) and verdict.candidate == verdict.first_stage
+    assert verdict.novel_candidate == verdict.novel_first_stage

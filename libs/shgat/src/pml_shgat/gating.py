@@ -403,7 +403,9 @@ def judge(
     """Admit the candidate (its `corrections`) only if, with its best weights, it beats the
     serving combination on the held-back executions `judged` and, cross-fitted
     (`cross_fitted`), the first stage alone; or if its best weights are 0 and the first stage
-    alone beats the serving combination (`WITHDRAWN`); or if it is `fresher` (learned from
+    alone beats the serving combination, or the first stage beats it and the candidate does not
+    beat the first stage cross-fitted (`WITHDRAWN`: published with weights 0); or if it is
+    `fresher` (learned from
     `FRESHER_GROWTH` times the serving version's executions), ties the serving combination and,
     cross-fitted, beats the first stage (`FRESHER`).
 
@@ -414,12 +416,6 @@ def judge(
     now = figures(serving, judged)
     weights, cand = choose_weights(first_stage, candidate, judged)
     unseen = cross_fitted(first_stage, candidate, judged)
-    novel = [i for i, j in enumerate(judged) if j.novel]
-    chosen = combined(first_stage, candidate, weights)
-    novel_figures = (
-        _subset_figures(chosen, judged, novel),
-        _subset_figures(first_stage, judged, novel),
-    )
     if len(judged) < min_judged:
         reason, accepted = f"{len(judged)} held-back executions, {min_judged} needed", False
     elif not better(cand, now):
@@ -427,16 +423,29 @@ def judge(
         reason = (
             FRESHER if accepted else "not better than the serving version on held-back executions"
         )
-    elif not any(weights):
-        # The candidate is the first stage itself, and it beats what is served: the serving
-        # version was admitted on fewer or other held-back executions and no longer holds.
-        reason, accepted = WITHDRAWN, True
+    elif not any(weights) or (not better(unseen, base) and better(base, now)):
+        # The first stage alone beats what is served, and the candidate adds nothing to it that
+        # holds cross-fitted: the serving version was admitted on fewer or other held-back
+        # executions and no longer holds, so its corrections are withdrawn.
+        reason, accepted, weights, cand = WITHDRAWN, True, Weights(), base
     elif not better(unseen, base):
         reason = "not better than the first stage on held-back executions, weights cross-fitted"
         accepted = False
     else:
         reason, accepted = "better than the serving version and the first stage", True
-    return Verdict(accepted, reason, weights, cand, now, base, *novel_figures, unseen)
+    novel = [i for i, j in enumerate(judged) if j.novel]
+    chosen = combined(first_stage, candidate, weights)
+    return Verdict(
+        accepted,
+        reason,
+        weights,
+        cand,
+        now,
+        base,
+        _subset_figures(chosen, judged, novel),
+        _subset_figures(first_stage, judged, novel),
+        unseen,
+    )
 
 
 def served_tool_scores(
