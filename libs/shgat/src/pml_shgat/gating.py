@@ -27,9 +27,9 @@ A candidate that ties the serving version on them (it does not rank better, and 
 version not surely better, per `better`) is published anyway when it learned from at least
 `FRESHER_GROWTH` times as many executions (*fresher*), as long as it beats the first stage
 (cross-fitted): nothing says it is worse, and it has seen more of the tenant's work. Without
-this, the version
-served was often one fitted on the first few executions, kept because every later fit tied it
-within the margin, and which early fit that was varied from one run to the next.
+this, the version served was often one fitted on the first few executions, kept because every
+later fit tied it within the margin, and which early fit that was varied from one run to the
+next.
 
 Held-back executions resemble the ones trained on, so a correction can look good on them by
 recalling the workflows it has seen while it hurts tasks of a new kind. Those held back whose
@@ -277,10 +277,7 @@ def choose_weights(
 
 
 def cross_fitted(
-    first_stage: Sequence[FloatArray],
-    corrections: Corrections,
-    judged: Sequence[Judged],
-    grid: Sequence[float] = WEIGHT_GRID,
+    first_stage: Sequence[FloatArray], corrections: Corrections, judged: Sequence[Judged]
 ) -> Figures:
     """The figures of the executions, each half (alternate executions, so both span the
     held-back period) ranked under the weights `choose_weights` picks on the other half: what
@@ -295,7 +292,6 @@ def cross_fitted(
             [first_stage[i] for i in chosen_on],
             _rows(corrections, chosen_on),
             [judged[i] for i in chosen_on],
-            grid,
         )
         each[scored] = _weighted_figures(
             [first_stage[i] for i in scored],
@@ -373,7 +369,8 @@ class Verdict:
     #: The same three on the novel held-back executions alone.
     novel_candidate: Figures = EMPTY
     novel_first_stage: Figures = EMPTY
-    #: The candidate's figures with each half's weights chosen on the other half.
+    #: The candidate's figures with each half's weights chosen on the other half; EMPTY where
+    #: they did not decide.
     cross_fitted: Figures = EMPTY
 
     def as_metrics(self) -> dict[str, float]:
@@ -388,7 +385,12 @@ class Verdict:
             **self.first_stage.as_metrics("holdout_first_stage_"),
             **self.novel_candidate.as_metrics("holdout_novel_candidate_"),
             **self.novel_first_stage.as_metrics("holdout_novel_first_stage_"),
-            **self.cross_fitted.as_metrics("holdout_cross_fitted_"),
+            # judged only where it decides (`judge`)
+            **(
+                self.cross_fitted.as_metrics("holdout_cross_fitted_")
+                if self.cross_fitted.count
+                else {}
+            ),
         }
 
 
@@ -405,9 +407,11 @@ def judge(
     (`cross_fitted`), the first stage alone; or if its best weights are 0 and the first stage
     alone beats the serving combination, or the first stage beats it and the candidate does not
     beat the first stage cross-fitted (`WITHDRAWN`: published with weights 0); or if it is
-    `fresher` (learned from
-    `FRESHER_GROWTH` times the serving version's executions), ties the serving combination and,
-    cross-fitted, beats the first stage (`FRESHER`).
+    `fresher` (learned from `FRESHER_GROWTH` times the serving version's executions), ties the
+    serving combination and, cross-fitted, beats the first stage (`FRESHER`).
+
+    The cross-fitted figures are computed only where they decide: they choose weights twice
+    more, the round's costliest step at a large catalog.
 
     `serving` are the scores served now (the first stage itself before any version was
     admitted).
@@ -415,24 +419,32 @@ def judge(
     base = figures(first_stage, judged)
     now = figures(serving, judged)
     weights, cand = choose_weights(first_stage, candidate, judged)
-    unseen = cross_fitted(first_stage, candidate, judged)
+    unseen = EMPTY
     if len(judged) < min_judged:
         reason, accepted = f"{len(judged)} held-back executions, {min_judged} needed", False
     elif not better(cand, now):
-        accepted = fresher and not better(now, cand, surely=True) and better(unseen, base)
+        accepted = False
+        if fresher and not better(now, cand, surely=True):
+            unseen = cross_fitted(first_stage, candidate, judged)
+            accepted = better(unseen, base)
         reason = (
             FRESHER if accepted else "not better than the serving version on held-back executions"
         )
-    elif not any(weights) or (not better(unseen, base) and better(base, now)):
-        # The first stage alone beats what is served, and the candidate adds nothing to it that
-        # holds cross-fitted: the serving version was admitted on fewer or other held-back
-        # executions and no longer holds, so its corrections are withdrawn.
-        reason, accepted, weights, cand = WITHDRAWN, True, Weights(), base
-    elif not better(unseen, base):
-        reason = "not better than the first stage on held-back executions, weights cross-fitted"
-        accepted = False
+    elif not any(weights):
+        # The candidate is the first stage itself, and it beats what is served: the serving
+        # version was admitted on fewer or other held-back executions and no longer holds.
+        reason, accepted = WITHDRAWN, True
     else:
-        reason, accepted = "better than the serving version and the first stage", True
+        unseen = cross_fitted(first_stage, candidate, judged)
+        if better(unseen, base):
+            reason, accepted = "better than the serving version and the first stage", True
+        elif better(base, now):
+            # What is served no longer holds either, and the candidate's gain over the first
+            # stage does not hold cross-fitted: the corrections are withdrawn.
+            reason, accepted, weights, cand = WITHDRAWN, True, Weights(), base
+        else:
+            reason = "not better than the first stage on held-back executions, weights cross-fitted"
+            accepted = False
     novel = [i for i, j in enumerate(judged) if j.novel]
     chosen = combined(first_stage, candidate, weights)
     return Verdict(
