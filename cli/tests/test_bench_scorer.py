@@ -9,6 +9,7 @@ from rich.console import Console
 
 from pml_cli.bench_scorer import (
     _first_stage_cost,
+    _gate_cost,
     _grpc_latencies,
     _synthetic_hierarchy,
     _synthetic_memory,
@@ -42,3 +43,10 @@ def test_first_stage_is_measured_plain_and_adapted() -> None:
     assert figures["first_stage_tools"] == 300 and figures["adapter_executions"] == 20
     assert figures["first_stage_p50_ms"] > 0 and figures["adapted_first_stage_p50_ms"] > 0
     assert figures["adapter_fit_s"] > 0
+
+
+def test_the_gate_is_measured_on_a_candidate_it_admits() -> None:
+    figures = _gate_cost(300, 40, np.random.default_rng(0), Console(file=io.StringIO()))
+    assert figures["gate_executions"] == 40 and figures["gate_judge_s"] >= 0
+    # the candidate lifts half the executions' tools: the branch that reads the cross-fit
+    assert figures["gate_admitted"] is True

@@ -15,6 +15,9 @@
   `adapter_fit_s`: fitting that adapter on `adapter_executions` executions (random vectors,
   2-4 tools each; a round's cost, paid by the trainer). Both on one BLAS thread, as the scorer
   and the trainer run.
+- `gate_judge_s`: the gate judging a candidate with all three corrections on `gate_executions`
+  held-back executions over `first_stage_tools` tools (`gating.judge`: every weight
+  combination, then the cross-fitted figures; a round's cost, paid by the trainer).
 - `train_step_ms`: one PER training step (32 traces, one example per path node) on a smaller
   synthetic hierarchy (`train_graph_nodes`).
 - `event_to_serving_s`: through the running system (or a private one), the wall time from
@@ -54,7 +57,7 @@ from pml_scorer.models import TenantModel
 from pml_scorer.service import ScorerServicer
 from pml_scorer.snapshots import ModelSnapshots
 from pml_shgat.adapter import fit as fit_adapter
-from pml_shgat.gating import Weights
+from pml_shgat.gating import Corrections, Judged, Weights, judge
 from pml_shgat.hierarchy import CapabilityInput, Hierarchy, normalise_rows
 from pml_shgat.memory import CAPACITY, FEATURES, Execution, MemoryRanker, ServedMemory
 from pml_shgat.params import init_params, make_config
@@ -71,6 +74,8 @@ FIRST_STAGE_GOALS = 3
 #: The default tool embedder's widths (USE multilingual, multilingual-e5-small, MiniLM).
 EMBEDDER_PARTS = (512, 384, 384)
 ADAPTER_EXECUTIONS = 300
+#: Held-back executions the gate judges on: a tenant's most (`HoldOut.capacity`).
+GATE_EXECUTIONS = 200
 _WORDS = np.array([f"w{i}" for i in range(5_000)])
 
 
@@ -122,6 +127,7 @@ def bench_scorer(
     # on one BLAS thread, as the scorer serves and the trainer fits
     with threadpool_limits(limits=1, user_api="blas"):
         result |= _first_stage_cost(FIRST_STAGE_TOOLS, ADAPTER_EXECUTIONS, rng, console)
+        result |= _gate_cost(FIRST_STAGE_TOOLS, GATE_EXECUTIONS, rng, console)
     result |= _train_step(dim, settings.shgat_key_dim, rng, console)
     result |= _event_to_serving(settings, rounds, console)
     return result
@@ -275,6 +281,37 @@ def _first_stage_cost(
         "adapted_first_stage_p50_ms": _ms(statistics.median(adapted)),
         "adapter_executions": executions,
         "adapter_fit_s": round(fit_s, 2),
+    }
+
+
+def _gate_cost(
+    tools: int, executions: int, rng: np.random.Generator, console: Console
+) -> dict[str, Any]:
+    """The gate's time on a candidate whose corrections each lift the executed tools of
+    about half the held-back executions (so it is admitted, the branch that reads the
+    cross-fitted figures)."""
+    judged = [
+        Judged(tuple(int(t) for t in rng.choice(tools, int(rng.integers(2, 5)), replace=False)))
+        for _ in range(executions)
+    ]
+    first = [rng.random(tools) for _ in judged]
+
+    def correction(density: float) -> list[np.ndarray]:
+        rows = [rng.random(tools) * (rng.random(tools) < density) for _ in judged]
+        for row, one in zip(rows, judged, strict=True):
+            if rng.random() < 0.5:
+                row[list(one.relevant)] += 1.0
+        return rows
+
+    candidate = Corrections(correction(1.0), correction(0.05), correction(1.0))
+    with phase(console, f"measured: the gate on {executions} held-back executions"):
+        started = time.perf_counter()
+        verdict = judge(first, first, candidate, judged)
+        judge_s = time.perf_counter() - started
+    return {
+        "gate_executions": executions,
+        "gate_judge_s": round(judge_s, 2),
+        "gate_admitted": verdict.accepted,
     }
 
 

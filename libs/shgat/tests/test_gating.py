@@ -18,7 +18,6 @@ from pml_shgat.gating import (
     better,
     choose_weight,
     choose_weights,
-    combined,
     figures,
     judge,
     one_figures,
@@ -239,7 +238,11 @@ def test_the_chosen_weights_figures_are_those_of_the_served_scores() -> None:
     memory = [rng.random(30) * (rng.random(30) < 0.3) for _ in judged]
     weights, best = choose_weights(first, Corrections(correction, memory), judged)
     assert any(weights)
-    assert best == figures(combined(first, Corrections(correction, memory), weights), judged)
+    served = [
+        served_scores(served_scores(f, c, weights.shgat), m, weights.memory)
+        for f, c, m in zip(first, correction, memory, strict=True)
+    ]
+    assert best == figures(served, judged)
 
 
 def test_the_adapter_gets_a_share_only_where_its_first_stage_ranks_better() -> None:
@@ -305,3 +308,35 @@ def test_a_serving_version_the_first_stage_beats_is_withdrawn_when_the_candidate
     assert verdict.accepted and verdict.reason == WITHDRAWN
     assert verdict.weights == (0.0, 0.0, 0.0) and verdict.candidate == verdict.first_stage
     assert verdict.novel_candidate == verdict.novel_first_stage
+
+
+def test_the_cross_fitted_figures_are_each_halfs_served_scores_under_the_others_weights() -> None:
+    """Chosen once over every combination, the cross-fitted figures equal choosing weights on
+    each half and ranking the other half with them, and are recorded in every branch."""
+    rng = np.random.default_rng(9)
+    judged = [Judged(tuple(int(t) for t in rng.choice(30, 2, replace=False))) for _ in range(21)]
+    first = [rng.random(30) for _ in judged]
+    correction = [rng.random(30) * 0.5 + np.eye(30)[j.relevant[0]] * 0.6 for j in judged]
+    memory = [rng.random(30) * (rng.random(30) < 0.3) for _ in judged]
+    each: list[np.ndarray] = [np.empty(0)] * len(judged)
+    halves = (list(range(0, 21, 2)), list(range(1, 21, 2)))
+    for chosen_on, scored in (halves, halves[::-1]):
+        (w, m, _), _ = choose_weights(
+            [first[i] for i in chosen_on],
+            Corrections([correction[i] for i in chosen_on], [memory[i] for i in chosen_on]),
+            [judged[i] for i in chosen_on],
+        )
+        for i in scored:
+            each[i] = served_scores(served_scores(first[i], correction[i], w), memory[i], m)
+    verdict = judge(first, first, Corrections(correction, memory), judged, min_judged=3)
+    assert verdict.cross_fitted == figures(each, judged)
+    assert verdict.cross_fitted.count == 21
+    # a withdrawal records them too
+    pushed_down = [np.eye(30)[j.relevant[0]] for j in judged]
+    serving = [served_scores(f, p, -8.0) for f, p in zip(first, pushed_down, strict=True)]
+    useless = [np.zeros(30) for _ in judged]
+    withdrawn = judge(first, serving, Corrections(useless), judged, min_judged=3)
+    assert withdrawn.reason == WITHDRAWN
+    assert withdrawn.as_metrics()["holdout_cross_fitted_recall_at_5"] == (
+        withdrawn.first_stage.recall_at_5
+    )

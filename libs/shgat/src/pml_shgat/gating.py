@@ -13,7 +13,8 @@ on (held back). (0, 0, 0) is always in the grid, so on that set the served ranki
 than the first stage's. A candidate version replaces the serving
 one only if it ranks the executed tools of the held-back executions better than both the
 serving combination and the first stage alone, the first stage *cross-fitted*: each half of
-the held-back executions ranked with the weights chosen on the other half (`cross_fitted`).
+the held-back executions ranked with the weights chosen on the other half
+(`Trials.cross_fitted`).
 Weights chosen on the executions they are judged on find gains in noise: over the 16 of a
 tenant with 80 executions, the best of the grid's 300 moved one or two of them into the top five,
 and the correction admitted on that served new queries no better (docs/benchmarks.md).
@@ -42,7 +43,7 @@ Everything here is pure numpy over score vectors (one score per tool, in hierarc
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -249,67 +250,80 @@ def choose_weights(
     `ADAPTER_GRID`; a correction the candidate lacks stays at 0. With at least `MIN_NOVEL`
     novel executions, weights under which the first stage ranks them better are not eligible.
     """
-    if not grid or grid[0] != 0.0:
-        raise ValueError("the weight grid must start at 0 (the first stage alone)")
-    trials = sorted(
-        itertools.starmap(
-            Weights,
-            itertools.product(
-                grid,
-                grid if corrections.memory is not None else (0.0,),
-                ADAPTER_GRID if corrections.adapter is not None else (0.0,),
-            ),
-        ),
-        key=lambda w: (sum(w), w.adapter, w.memory),
-    )
-    novel = [i for i, j in enumerate(judged) if j.novel]
-    guard = len(novel) >= MIN_NOVEL
-    novel_base = _subset_figures(first_stage, judged, novel)
-    best_w, best = trials[0], figures(first_stage, judged)
-    for weights in trials[1:]:
-        each = _weighted_figures(first_stage, corrections, weights, judged)
-        if guard and better(novel_base, _mean_figures(each[novel])):
-            continue
-        candidate = _mean_figures(each)
-        if better(candidate, best):
-            best_w, best = weights, candidate
-    return best_w, best
+    ranked = Trials.of(first_stage, corrections, judged, grid)
+    chosen = ranked.choose(range(len(judged)))
+    return ranked.weights[chosen], _mean_figures(ranked.each[chosen])
 
 
-def cross_fitted(
-    first_stage: Sequence[FloatArray], corrections: Corrections, judged: Sequence[Judged]
-) -> Figures:
-    """The figures of the executions, each half (alternate executions, so both span the
-    held-back period) ranked under the weights `choose_weights` picks on the other half: what
-    choosing weights on held-back executions is worth on executions it did not see. With fewer
-    than two executions there is no other half: the first stage's figures."""
-    if len(judged) < 2:
-        return figures(first_stage, judged)
-    each = np.empty((len(judged), 4), dtype=np.float64)
-    halves = (list(range(0, len(judged), 2)), list(range(1, len(judged), 2)))
-    for chosen_on, scored in (halves, halves[::-1]):
-        weights, _ = choose_weights(
-            [first_stage[i] for i in chosen_on],
-            _rows(corrections, chosen_on),
-            [judged[i] for i in chosen_on],
+@dataclass(frozen=True)
+class Trials:
+    """Every weight combination's figures on every held-back execution, from one pass of
+    served scores: choosing weights on any subset of the executions is then a selection, so
+    cross-fitting costs no more passes over the catalog than choosing once (at 100k tools a
+    pass over 200 held-back executions and 300 combinations is the round's costliest step)."""
+
+    #: By increasing total (then adapter, then memory); the first is all 0, the first stage.
+    weights: tuple[Weights, ...]
+    #: [trial, execution, (recall@1, @5, @10, first rank)], rows of `one_figures`.
+    each: FloatArray
+    novel: tuple[bool, ...]
+
+    @classmethod
+    def of(
+        cls,
+        first_stage: Sequence[FloatArray],
+        corrections: Corrections,
+        judged: Sequence[Judged],
+        grid: Sequence[float] = WEIGHT_GRID,
+    ) -> Trials:
+        if not grid or grid[0] != 0.0:
+            raise ValueError("the weight grid must start at 0 (the first stage alone)")
+        weights = tuple(
+            sorted(
+                itertools.starmap(
+                    Weights,
+                    itertools.product(
+                        grid,
+                        grid if corrections.memory is not None else (0.0,),
+                        ADAPTER_GRID if corrections.adapter is not None else (0.0,),
+                    ),
+                ),
+                key=lambda w: (sum(w), w.adapter, w.memory),
+            )
         )
-        each[scored] = _weighted_figures(
-            [first_stage[i] for i in scored],
-            _rows(corrections, scored),
-            weights,
-            [judged[i] for i in scored],
-        )
-    return _mean_figures(each)
+        each = np.empty((len(weights), len(judged), 4), dtype=np.float64)
+        for trial, w in enumerate(weights):
+            each[trial] = _weighted_figures(first_stage, corrections, w, judged)
+        return cls(weights, each, tuple(j.novel for j in judged))
 
+    def choose(self, rows: Iterable[int]) -> int:
+        """The trial `choose_weights` picks on the executions at `rows`."""
+        on = np.fromiter(rows, dtype=np.intp)
+        novel = on[np.asarray(self.novel, dtype=bool)[on]]
+        guard = len(novel) >= MIN_NOVEL
+        novel_base = _mean_figures(self.each[0, novel])
+        best_trial, best = 0, _mean_figures(self.each[0, on])
+        for trial in range(1, len(self.weights)):
+            if guard and better(novel_base, _mean_figures(self.each[trial, novel])):
+                continue
+            candidate = _mean_figures(self.each[trial, on])
+            if better(candidate, best):
+                best_trial, best = trial, candidate
+        return best_trial
 
-def _rows(corrections: Corrections, indices: Sequence[int]) -> Corrections:
-    """The corrections of the executions at `indices`."""
-    memory, adapter = corrections.memory, corrections.adapter
-    return Corrections(
-        [corrections.shgat[i] for i in indices],
-        None if memory is None else [memory[i] for i in indices],
-        None if adapter is None else [adapter[i] for i in indices],
-    )
+    def cross_fitted(self) -> Figures:
+        """The figures of the executions, each half (alternate executions, so both span the
+        held-back period) ranked under the weights chosen on the other half: what choosing
+        weights on held-back executions is worth on executions it did not see. With fewer
+        than two executions there is no other half: the first stage's figures."""
+        count = self.each.shape[1]
+        if count < 2:
+            return _mean_figures(self.each[0])
+        out = np.empty((count, 4), dtype=np.float64)
+        halves = (np.arange(0, count, 2), np.arange(1, count, 2))
+        for chosen_on, scored in (halves, halves[::-1]):
+            out[scored] = self.each[self.choose(chosen_on), scored]
+        return _mean_figures(out)
 
 
 def _weighted_figures(
@@ -319,8 +333,8 @@ def _weighted_figures(
     judged: Sequence[Judged],
 ) -> FloatArray:
     """`one_figures` of each execution under `weights`, the served scores built in one reused
-    buffer: the same figures as `combined` then `figures`, without a list of served vectors per
-    trial (at 100k tools and 200 held-back executions, 160 MB each)."""
+    buffer rather than a list of served vectors per trial (at 100k tools and 200 held-back
+    executions, 160 MB each)."""
     each = np.empty((len(judged), 4), dtype=np.float64)
     served = np.empty(0, dtype=np.float64)
     term = np.empty(0, dtype=np.float64)
@@ -334,25 +348,6 @@ def _weighted_figures(
                 served += term
         each[row] = one_figures(served, judged_one.relevant)
     return each
-
-
-def combined(
-    first_stage: Sequence[FloatArray], corrections: Corrections, weights: Weights
-) -> list[FloatArray]:
-    """The served scores of each execution under `weights`."""
-    out: list[FloatArray] = []
-    for row, first in enumerate(first_stage):
-        served: FloatArray = np.asarray(first, dtype=np.float64)
-        for weight, scores in zip(weights, corrections, strict=True):
-            served = served_scores(served, scores[row] if scores is not None else None, weight)
-        out.append(served)
-    return out
-
-
-def _subset_figures(
-    rows: Sequence[FloatArray], judged: Sequence[Judged], indices: Sequence[int]
-) -> Figures:
-    return figures([rows[i] for i in indices], [judged[i] for i in indices])
 
 
 @dataclass(frozen=True)
@@ -369,8 +364,7 @@ class Verdict:
     #: The same three on the novel held-back executions alone.
     novel_candidate: Figures = EMPTY
     novel_first_stage: Figures = EMPTY
-    #: The candidate's figures with each half's weights chosen on the other half; EMPTY where
-    #: they did not decide.
+    #: The candidate's figures with each half's weights chosen on the other half.
     cross_fitted: Figures = EMPTY
 
     def as_metrics(self) -> dict[str, float]:
@@ -385,12 +379,7 @@ class Verdict:
             **self.first_stage.as_metrics("holdout_first_stage_"),
             **self.novel_candidate.as_metrics("holdout_novel_candidate_"),
             **self.novel_first_stage.as_metrics("holdout_novel_first_stage_"),
-            # judged only where it decides (`judge`)
-            **(
-                self.cross_fitted.as_metrics("holdout_cross_fitted_")
-                if self.cross_fitted.count
-                else {}
-            ),
+            **self.cross_fitted.as_metrics("holdout_cross_fitted_"),
         }
 
 
@@ -404,29 +393,26 @@ def judge(
 ) -> Verdict:
     """Admit the candidate (its `corrections`) only if, with its best weights, it beats the
     serving combination on the held-back executions `judged` and, cross-fitted
-    (`cross_fitted`), the first stage alone; or if its best weights are 0 and the first stage
-    alone beats the serving combination, or the first stage beats it and the candidate does not
-    beat the first stage cross-fitted (`WITHDRAWN`: published with weights 0); or if it is
-    `fresher` (learned from `FRESHER_GROWTH` times the serving version's executions), ties the
-    serving combination and, cross-fitted, beats the first stage (`FRESHER`).
-
-    The cross-fitted figures are computed only where they decide: they choose weights twice
-    more, the round's costliest step at a large catalog.
+    (`Trials.cross_fitted`), the first stage alone; or if its best weights are 0 and the first
+    stage alone beats the serving combination, or the first stage beats it and the candidate
+    does not beat the first stage cross-fitted (`WITHDRAWN`: published with weights 0); or if it
+    is `fresher` (learned from `FRESHER_GROWTH` times the serving version's executions), ties
+    the serving combination and, cross-fitted, beats the first stage (`FRESHER`).
 
     `serving` are the scores served now (the first stage itself before any version was
     admitted).
     """
-    base = figures(first_stage, judged)
+    ranked = Trials.of(first_stage, candidate, judged)
+    everyone = range(len(judged))
+    chosen = ranked.choose(everyone)
+    weights, cand = ranked.weights[chosen], _mean_figures(ranked.each[chosen])
+    base = _mean_figures(ranked.each[0])
     now = figures(serving, judged)
-    weights, cand = choose_weights(first_stage, candidate, judged)
-    unseen = EMPTY
+    unseen = ranked.cross_fitted()
     if len(judged) < min_judged:
         reason, accepted = f"{len(judged)} held-back executions, {min_judged} needed", False
     elif not better(cand, now):
-        accepted = False
-        if fresher and not better(now, cand, surely=True):
-            unseen = cross_fitted(first_stage, candidate, judged)
-            accepted = better(unseen, base)
+        accepted = fresher and not better(now, cand, surely=True) and better(unseen, base)
         reason = (
             FRESHER if accepted else "not better than the serving version on held-back executions"
         )
@@ -434,19 +420,16 @@ def judge(
         # The candidate is the first stage itself, and it beats what is served: the serving
         # version was admitted on fewer or other held-back executions and no longer holds.
         reason, accepted = WITHDRAWN, True
+    elif better(unseen, base):
+        reason, accepted = "better than the serving version and the first stage", True
+    elif better(base, now):
+        # What is served no longer holds either, and the candidate's gain over the first stage
+        # does not hold cross-fitted: the corrections are withdrawn.
+        reason, accepted, chosen, weights, cand = WITHDRAWN, True, 0, Weights(), base
     else:
-        unseen = cross_fitted(first_stage, candidate, judged)
-        if better(unseen, base):
-            reason, accepted = "better than the serving version and the first stage", True
-        elif better(base, now):
-            # What is served no longer holds either, and the candidate's gain over the first
-            # stage does not hold cross-fitted: the corrections are withdrawn.
-            reason, accepted, weights, cand = WITHDRAWN, True, Weights(), base
-        else:
-            reason = "not better than the first stage on held-back executions, weights cross-fitted"
-            accepted = False
-    novel = [i for i, j in enumerate(judged) if j.novel]
-    chosen = combined(first_stage, candidate, weights)
+        reason = "not better than the first stage on held-back executions, weights cross-fitted"
+        accepted = False
+    novel = np.flatnonzero(np.asarray(ranked.novel, dtype=bool))
     return Verdict(
         accepted,
         reason,
@@ -454,8 +437,8 @@ def judge(
         cand,
         now,
         base,
-        _subset_figures(chosen, judged, novel),
-        _subset_figures(first_stage, judged, novel),
+        _mean_figures(ranked.each[chosen, novel]),
+        _mean_figures(ranked.each[0, novel]),
         unseen,
     )
 
