@@ -5,6 +5,7 @@ candidate read from a real Redis."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
@@ -16,7 +17,7 @@ from rich.console import Console
 from pml_cli import client
 from pml_cli.catalog_files import load_catalog
 from pml_cli.eval_data import QuerySelection
-from pml_cli.eval_folds import _rejected_metrics, covered, evaluate_folds, gate_figures
+from pml_cli.eval_folds import covered, evaluate_folds, wait_for_model
 from pml_cli.eval_tools import eval_tenant, evaluate_tools
 from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
@@ -152,20 +153,36 @@ def test_baselines_need_no_service_and_the_split_shows_what_memory_answers(
     assert memory["knn"]["ndcg@5"] > memory["popular"]["ndcg@5"]
 
 
-async def test_the_trainers_rejected_candidate_is_read(settings: Settings, tenant: str) -> None:
-    assert await _rejected_metrics(settings, tenant) == {}
+def test_the_trainers_rejected_candidate_is_read_through_model_info(
+    settings: Settings, settings_env: dict[str, str], tenant: str, tmp_path: Path
+) -> None:
+    """A fold whose last candidate the gate turned down ends on it: read from `ModelInfo`,
+    with the figures the gate judged it on."""
+    figures = {
+        "traces_seen": 7.0,
+        "holdout_size": 2.0,
+        "holdout_candidate_mrr": 2 / 3,
+        "holdout_cross_fitted_recall_at_5": 0.25,
+    }
+    asyncio.run(_reject(settings, tenant, figures))
+    with service_process("pml_scorer", "PML_SCORER_PORT", settings_env, tmp_path / "s.log") as s:
+        live = settings.model_copy(update={"scorer_addr": s.address})
+        # 7 executions learned from and 2 held back to judge it: it accounts for 9.
+        ended = wait_for_model(live, tenant, 9)
+    assert (ended.admitted, ended.complete) == (False, True)
+    # the report keeps what the gate judged it on, rounded
+    assert ended.rejected["holdout_candidate_mrr"] == 0.6667
+    assert ended.rejected["holdout_cross_fitted_recall_at_5"] == 0.25
+    assert covered(ended.rejected) == 9.0
+    assert covered({"traces_seen": 4.0}) == 4.0  # a trainer that holds nothing back
+
+
+async def _reject(settings: Settings, tenant: str, figures: dict[str, float]) -> None:
     redis = aioredis.from_url(settings.redis_url)
     try:
         fence = f"test:fence:{tenant}"
         token = int(await redis.incr(fence))
         registry = ModelRegistry(redis, fencing_key=fence)
-        figures = {"traces_seen": 7.0, "holdout_size": 2.0, "holdout_candidate_mrr": 2 / 3}
         await registry.reject(tenant, b"model", token, {**figures, "accepted": 0.0})
     finally:
         await redis.aclose()
-    # 7 executions learned from and 2 held back to judge it: it accounts for 9.
-    rejected = await _rejected_metrics(settings, tenant)
-    assert covered(rejected) == 9.0
-    # the report keeps what the gate judged it on, rounded, and nothing else
-    assert gate_figures(rejected) == {**figures, "holdout_candidate_mrr": 0.6667}
-    assert covered({"traces_seen": 4.0}) == 4.0  # a trainer that holds nothing back

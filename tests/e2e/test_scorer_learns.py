@@ -254,6 +254,12 @@ def test_executions_lead_to_a_served_model_that_prefers_the_executed_capability(
         admitted.first_stage_recall_at_5,
         admitted.first_stage_mrr,
     )
+    # ... with weights chosen on other held-back executions too (what the gate decides on)
+    assert (admitted.cross_fitted_recall_at_5, admitted.cross_fitted_mrr) > (
+        admitted.first_stage_recall_at_5,
+        admitted.first_stage_mrr,
+    )
+    assert admitted.traces_seen == info.metrics["traces_seen"]  # type: ignore[attr-defined]
     # served with the weights it was admitted with: SHGAT's, the execution memory's, or both
     weights = (admitted.correction_weight, admitted.memory_weight)
     assert (info.correction_weight, info.memory_weight) == weights  # type: ignore[attr-defined]
@@ -269,6 +275,14 @@ def test_executions_lead_to_a_served_model_that_prefers_the_executed_capability(
             "pml.trainer.gate.decisions", **{"pml.tenant_id": e2e_tenant, "decision": "accepted"}
         ),
         lambda n: n is not None and n >= 1,
+        timeout=60,
+    )
+    eventually(
+        lambda: collector.latest(
+            "pml.trainer.gate.holdout_recall_at_5",
+            **{"pml.tenant_id": e2e_tenant, "ranker": "cross_fitted"},
+        ),
+        lambda r: r is not None and r > 0,
         timeout=60,
     )
 

@@ -46,7 +46,6 @@ from typing import Any
 
 import grpc
 import numpy as np
-import redis.asyncio as aioredis
 from rich.console import Console
 
 from pml.v1 import common_pb2, scorer_pb2, search_pb2
@@ -85,7 +84,6 @@ from pml_cli.metrics import TOOL_METRICS
 from pml_cli.phases import phase
 from pml_common.events import ExecutionCompleted, ExecutionStep
 from pml_common.input_rules import MAX_ID_CHARS
-from pml_common.model_registry import ModelRegistry
 from pml_common.settings import Settings
 
 LEARNED = ("shgat",)
@@ -378,8 +376,8 @@ def wait_for_model(settings: Settings, tenant: str, executions: int) -> ServedMo
         gate = gate_figures(info.metrics)
         if covered(info.metrics) >= executions:
             return ServedModel(version, True, weights=weights, gate=gate)
-        rejected = asyncio.run(_rejected_metrics(settings, tenant))
-        if covered(rejected) >= executions:
+        rejected = judged_figures(info.last_rejected)
+        if info.last_rejected.version and covered(rejected) >= executions:
             return ServedModel(
                 version, False, weights=weights, gate=gate, rejected=gate_figures(rejected)
             )
@@ -394,14 +392,22 @@ def covered(metrics: Mapping[str, float]) -> float:
     return metrics.get("traces_seen", 0.0) + metrics.get("holdout_size", 0.0)
 
 
-async def _rejected_metrics(settings: Settings, tenant: str) -> dict[str, float]:
-    """The figures of the trainer's last rejected candidate ({} without one)."""
-    redis = aioredis.from_url(settings.redis_url)
-    try:
-        rejected = await ModelRegistry(redis).last_rejected(tenant)
-    finally:
-        await redis.aclose()
-    return dict(rejected[0].metrics) if rejected else {}
+def judged_figures(record: scorer_pb2.CandidateFigures) -> dict[str, float]:
+    """A `ModelInfo` candidate's figures under the names of the version's metrics
+    (`GATE_FIGURES`)."""
+    return {
+        "traces_seen": float(record.traces_seen),
+        "holdout_size": float(record.holdout_size),
+        "holdout_novel_size": float(record.holdout_novel_size),
+        "holdout_candidate_recall_at_5": record.candidate_recall_at_5,
+        "holdout_candidate_mrr": record.candidate_mrr,
+        "holdout_serving_recall_at_5": record.serving_recall_at_5,
+        "holdout_serving_mrr": record.serving_mrr,
+        "holdout_first_stage_recall_at_5": record.first_stage_recall_at_5,
+        "holdout_first_stage_mrr": record.first_stage_mrr,
+        "holdout_cross_fitted_recall_at_5": record.cross_fitted_recall_at_5,
+        "holdout_cross_fitted_mrr": record.cross_fitted_mrr,
+    }
 
 
 def _shgat_ranker(settings: Settings, tenant: str) -> Rank:

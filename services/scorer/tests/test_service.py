@@ -496,6 +496,10 @@ async def test_model_info_reports_weight_prequential_and_candidates(
         "holdout_candidate_recall_at_5": 0.6,
         "holdout_serving_recall_at_5": 0.4,
         "holdout_first_stage_recall_at_5": 0.3,
+        "holdout_cross_fitted_recall_at_5": 0.5,
+        "holdout_cross_fitted_mrr": 0.7,
+        "traces_seen": 28.0,
+        "holdout_novel_size": 2.0,
     }
     record = await announce_model(app.bus, registry, redis, tenant, config, initial, gate)
     token = int(await redis.incr(FENCING_COUNTER_KEY))
@@ -516,6 +520,8 @@ async def test_model_info_reports_weight_prequential_and_candidates(
     assert (accepted.version, accepted.accepted, accepted.holdout_size) == (record.version, True, 7)
     assert (accepted.candidate_recall_at_5, accepted.serving_recall_at_5) == (0.6, 0.4)
     assert (accepted.first_stage_recall_at_5, accepted.correction_weight) == (0.3, 2.0)
+    assert (accepted.cross_fitted_recall_at_5, accepted.cross_fitted_mrr) == (0.5, 0.7)
+    assert (accepted.traces_seen, accepted.holdout_novel_size) == (28, 2)
     assert (info.last_rejected.version, info.last_rejected.accepted) == (rejected.version, False)
     assert info.last_rejected.candidate_recall_at_5 == 0.2
 

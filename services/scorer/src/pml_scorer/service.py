@@ -229,6 +229,10 @@ def _candidate(record: ModelRecord) -> scorer_pb2.CandidateFigures:
         first_stage_mrr=m.get("holdout_first_stage_mrr", 0.0),
         memory_weight=weights.memory,
         adapter_weight=weights.adapter,
+        cross_fitted_recall_at_5=m.get("holdout_cross_fitted_recall_at_5", 0.0),
+        cross_fitted_mrr=m.get("holdout_cross_fitted_mrr", 0.0),
+        traces_seen=int(m.get("traces_seen", 0)),
+        holdout_novel_size=int(m.get("holdout_novel_size", 0)),
     )
 
 

@@ -321,6 +321,7 @@ class LearningLoop:
             candidate_recall_at_5=verdict.candidate.recall_at_5,
             serving_recall_at_5=verdict.serving.recall_at_5,
             first_stage_recall_at_5=verdict.first_stage.recall_at_5,
+            cross_fitted_recall_at_5=verdict.cross_fitted.recall_at_5,
             holdout=verdict.candidate.count,
         )
         return record
@@ -562,6 +563,7 @@ def _export(tenant: str, verdict: Verdict) -> None:
         ("candidate", verdict.candidate),
         ("serving", verdict.serving),
         ("first_stage", verdict.first_stage),
+        ("cross_fitted", verdict.cross_fitted),
     ):
         _holdout_recall.set(figures.recall_at_5, {"pml.tenant_id": tenant, "ranker": ranker})
 
