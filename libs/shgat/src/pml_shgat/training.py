@@ -179,14 +179,23 @@ class ShgatTrainer:
         default_factory=dict
     )
     _steps: int = 0
+    #: The untrained parameters pulled toward (`untrained_like` of `params` when not given): a
+    #: caller that has just built `params` with `init_params` passes them, as they are those,
+    #: and the basis is not computed twice (a d × d Gram matrix over every node).
+    anchor: Params | None = None
     _anchor: Params = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.anchor_pull < 1.0:
             raise ValueError("anchor_pull must be in [0, 1)")
-        self.params = ensure_levels(self.params, self.config, self.hierarchy.num_levels)
+        levels = self.hierarchy.num_levels
+        self.params = ensure_levels(self.params, self.config, levels)
         if self.anchor_pull:
-            self._anchor = untrained_like(self.config, self.hierarchy.features, self.params)
+            self._anchor = (
+                ensure_levels(self.anchor, self.config, levels)
+                if self.anchor is not None
+                else untrained_like(self.config, self.hierarchy.features, self.params)
+            )
 
     def step(self, batch: Batch) -> StepStats:
         value, grads = value_and_grad(loss)(self.params, self.hierarchy, self.config, batch)

@@ -203,8 +203,14 @@ class LearningLoop:
             await self._buffer.mark_trained(tenant, upto)
             return None
         published = await self._registry.current(tenant)
-        config, params, learned = self._starting_point(tenant, hierarchy, published)
-        trainer = ShgatTrainer(config, params, hierarchy, self._config.learning_rate)
+        config, params, learned, new = self._starting_point(tenant, hierarchy, published)
+        trainer = ShgatTrainer(
+            config,
+            params,
+            hierarchy,
+            self._config.learning_rate,
+            anchor=params if new else None,  # a new model is the untrained one it is pulled to
+        )
         losses, errors = [], []
         steps = self._config.round_steps(upto - learned)
         first_averaged = steps - averaged_steps(steps)
@@ -432,16 +438,17 @@ class LearningLoop:
 
     def _starting_point(
         self, tenant: str, hierarchy: Hierarchy, current: tuple[ModelRecord, bytes] | None
-    ) -> tuple[ShgatConfig, Params, int]:
-        """The tenant's current model, or a new one when none fits this embedder, and how many
-        of the tenant's executions it has learned from (its round's `traces_seen`)."""
+    ) -> tuple[ShgatConfig, Params, int, bool]:
+        """The tenant's current model, or a new one when none fits this embedder, how many of
+        the tenant's executions it has learned from (its round's `traces_seen`), and whether it
+        is new (the untrained model)."""
         if current is not None:
             config, params = from_bytes(current[1])
             if config.dim == hierarchy.dim:
-                return config, params, int(current[0].metrics.get("traces_seen", 0.0))
+                return config, params, int(current[0].metrics.get("traces_seen", 0.0)), False
             log.warning("learning.model_reset", tenant=tenant, reason="embedding size changed")
         config = make_config(hierarchy.dim, self._config.key_dim, hierarchy.num_nodes)
-        return config, init_params(config, hierarchy.features, hierarchy.num_levels), 0
+        return config, init_params(config, hierarchy.features, hierarchy.num_levels), 0, True
 
     async def _intent_vectors(self, sample: Sample) -> list[np.ndarray]:
         return await self._intents([t.intent for t in sample.traces])
