@@ -354,8 +354,8 @@ def gate_figures(metrics: Mapping[str, float]) -> dict[str, float]:
 
 def wait_for_model(settings: Settings, tenant: str, executions: int) -> ServedModel:
     """Poll until the trainer has judged a model that accounts for all `executions`: served
-    (the scorer's model does) or rejected by its gate (the registry's last rejected candidate
-    does, read-only), whichever comes first; at most `TRAINING_TIMEOUT_S`, so that one fold
+    (the scorer's model does) or rejected by its gate (`ModelInfo.last_rejected` does),
+    whichever comes first; at most `TRAINING_TIMEOUT_S`, so that one fold
     whose training does not finish is reported rather than the end of the run."""
     stub = client.scorer_stub(settings)
     deadline = time.monotonic() + TRAINING_TIMEOUT_S
