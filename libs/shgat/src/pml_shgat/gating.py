@@ -43,7 +43,7 @@ Everything here is pure numpy over score vectors (one score per tool, in hierarc
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -251,8 +251,8 @@ def choose_weights(
     novel executions, weights under which the first stage ranks them better are not eligible.
     """
     ranked = Trials.of(first_stage, corrections, judged, grid)
-    chosen = ranked.choose(range(len(judged)))
-    return ranked.weights[chosen], _mean_figures(ranked.each[chosen])
+    chosen = ranked.choose(ranked.everyone)
+    return ranked.weights[chosen], ranked.figures(chosen)
 
 
 @dataclass(frozen=True)
@@ -266,7 +266,17 @@ class Trials:
     weights: tuple[Weights, ...]
     #: [trial, execution, (recall@1, @5, @10, first rank)], rows of `one_figures`.
     each: FloatArray
-    novel: tuple[bool, ...]
+    #: Whether each execution is novel (`Judged.novel`).
+    novel: NDArray[np.bool_]
+
+    @property
+    def everyone(self) -> NDArray[np.intp]:
+        """The indices of all the executions."""
+        return np.arange(self.each.shape[1])
+
+    def figures(self, trial: int, rows: NDArray[np.intp] | None = None) -> Figures:
+        """The figures of `trial` (0: the first stage) on the executions at `rows` (all)."""
+        return _mean_figures(self.each[trial] if rows is None else self.each[trial, rows])
 
     @classmethod
     def of(
@@ -294,19 +304,18 @@ class Trials:
         each = np.empty((len(weights), len(judged), 4), dtype=np.float64)
         for trial, w in enumerate(weights):
             each[trial] = _weighted_figures(first_stage, corrections, w, judged)
-        return cls(weights, each, tuple(j.novel for j in judged))
+        return cls(weights, each, np.array([j.novel for j in judged], dtype=np.bool_))
 
-    def choose(self, rows: Iterable[int]) -> int:
+    def choose(self, rows: NDArray[np.intp]) -> int:
         """The trial `choose_weights` picks on the executions at `rows`."""
-        on = np.fromiter(rows, dtype=np.intp)
-        novel = on[np.asarray(self.novel, dtype=bool)[on]]
+        novel = rows[self.novel[rows]]
         guard = len(novel) >= MIN_NOVEL
-        novel_base = _mean_figures(self.each[0, novel])
-        best_trial, best = 0, _mean_figures(self.each[0, on])
+        novel_base = self.figures(0, novel)
+        best_trial, best = 0, self.figures(0, rows)
         for trial in range(1, len(self.weights)):
-            if guard and better(novel_base, _mean_figures(self.each[trial, novel])):
+            if guard and better(novel_base, self.figures(trial, novel)):
                 continue
-            candidate = _mean_figures(self.each[trial, on])
+            candidate = self.figures(trial, rows)
             if better(candidate, best):
                 best_trial, best = trial, candidate
         return best_trial
@@ -318,7 +327,7 @@ class Trials:
         than two executions there is no other half: the first stage's figures."""
         count = self.each.shape[1]
         if count < 2:
-            return _mean_figures(self.each[0])
+            return self.figures(0)
         out = np.empty((count, 4), dtype=np.float64)
         halves = (np.arange(0, count, 2), np.arange(1, count, 2))
         for chosen_on, scored in (halves, halves[::-1]):
@@ -403,10 +412,8 @@ def judge(
     admitted).
     """
     ranked = Trials.of(first_stage, candidate, judged)
-    everyone = range(len(judged))
-    chosen = ranked.choose(everyone)
-    weights, cand = ranked.weights[chosen], _mean_figures(ranked.each[chosen])
-    base = _mean_figures(ranked.each[0])
+    chosen = ranked.choose(ranked.everyone)
+    weights, cand, base = ranked.weights[chosen], ranked.figures(chosen), ranked.figures(0)
     now = figures(serving, judged)
     unseen = ranked.cross_fitted()
     if len(judged) < min_judged:
@@ -429,7 +436,7 @@ def judge(
     else:
         reason = "not better than the first stage on held-back executions, weights cross-fitted"
         accepted = False
-    novel = np.flatnonzero(np.asarray(ranked.novel, dtype=bool))
+    novel = np.flatnonzero(ranked.novel)
     return Verdict(
         accepted,
         reason,
@@ -437,8 +444,8 @@ def judge(
         cand,
         now,
         base,
-        _mean_figures(ranked.each[chosen, novel]),
-        _mean_figures(ranked.each[0, novel]),
+        ranked.figures(chosen, novel),
+        ranked.figures(0, novel),
         unseen,
     )
 

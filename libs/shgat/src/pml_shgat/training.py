@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import autograd.numpy as anp
 import numpy as np
@@ -182,18 +182,18 @@ class ShgatTrainer:
     #: The untrained parameters pulled toward (`untrained_like` of `params` when not given): a
     #: caller that has just built `params` with `init_params` passes them, as they are those,
     #: and the basis is not computed twice (a d × d Gram matrix over every node).
-    anchor: Params | None = None
+    anchor: InitVar[Params | None] = None
     _anchor: Params = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, anchor: Params | None) -> None:
         if not 0.0 <= self.anchor_pull < 1.0:
             raise ValueError("anchor_pull must be in [0, 1)")
         levels = self.hierarchy.num_levels
         self.params = ensure_levels(self.params, self.config, levels)
         if self.anchor_pull:
             self._anchor = (
-                ensure_levels(self.anchor, self.config, levels)
-                if self.anchor is not None
+                ensure_levels(anchor, self.config, levels)
+                if anchor is not None
                 else untrained_like(self.config, self.hierarchy.features, self.params)
             )
 
