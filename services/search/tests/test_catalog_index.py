@@ -9,9 +9,18 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from pml_common.embedding import build_tool_embedder, catalog_text
+from pml_common.embedding import build_tool_embedder, catalog_text, multilingual_parts, part_dims
 from pml_common.events import ToolSpec, ToolsRegistered
-from pml_common.first_stage import DENSE, HYBRID, LEXICAL, part_cosines, sub_goals
+from pml_common.first_stage import (
+    DENSE,
+    HYBRID,
+    LEXICAL,
+    LexicalIndex,
+    dense_parts,
+    fused_relevance,
+    part_cosines,
+    sub_goals,
+)
 from pml_common.settings import Settings
 from pml_common.stores import redis_client
 from pml_search import cosine_batches
@@ -200,6 +209,39 @@ async def test_the_lexical_retriever_reads_names_fields_and_chinese(
     # A tool added later is lexically searchable once its write returns.
     await catalog.index(tenant, TOOL, [_tool(tenant, "cal:create_event", "Schedule a meeting")])
     assert await top("schedule meeting", LEXICAL) == "cal:create_event"
+
+
+async def test_a_tool_described_in_chinese_is_judged_in_part_by_the_multilingual_models(
+    parts: tuple[QdrantVectorStore, CatalogIndex], tenant: str
+) -> None:
+    """For an English request, the Chinese-described tool's relevance is blended with USE's
+    and e5's alone (`first_stage.fused_relevance`), and the English tools' is as it was."""
+    _, catalog = parts
+    entries = [
+        _tool(tenant, "weather:forecast", "未来几天的天气预报，包括气温和降雨概率。"),
+        _tool(tenant, "news:headlines", "The latest news headlines from around the world."),
+        _tool(tenant, "travel:flights", "Search and book flights between cities."),
+        _tool(tenant, "calendar:create_event", "Add an event to your calendar."),
+    ]
+    await catalog.index(tenant, TOOL, entries)
+    request = "Will it rain in Paris tomorrow?"
+    embedder = catalog.embedder
+    vector = (await embedder.embed_queries([request]))[0]
+    ranked = await catalog.ranked(tenant, TOOL, [request], vector[None], len(entries), HYBRID)
+    got = {s.entry.id: s.relevance for s in ranked}
+
+    passages = await embedder.embed_passages([e.text() for e in entries])
+    cosines = dense_parts(passages, vector, part_dims(embedder))
+    lexical = LexicalIndex.build([e.lexical() for e in entries])
+    foreign = lexical.foreign(request)
+    assert foreign is not None and foreign.tolist() == [True, False, False, False]
+    flags = multilingual_parts(embedder)
+    want = fused_relevance(cosines, lexical.scores(request), foreign, multilingual=flags)
+    plain = fused_relevance(cosines, lexical.scores(request))
+    assert [got[e.id] for e in entries] == pytest.approx(want.tolist(), abs=1e-5)
+    assert got["weather:forecast"] > plain[0] + 0.05  # the rule changed what it would have been
+    assert [got[e.id] for e in entries[1:]] == pytest.approx(plain[1:].tolist(), abs=1e-5)
+    assert ranked[0].entry.id == "weather:forecast"
 
 
 async def test_a_request_that_gives_up_leaves_the_tenants_read_for_the_next_one(

