@@ -56,8 +56,11 @@ def test_a_variant_naming_an_unknown_tool_or_no_object_is_refused(tmp_path: Path
 
 
 def test_the_probes_in_the_docs_name_tools_of_metatool() -> None:
-    """The translations docs/benchmarks.md measures with are two disjoint sets of 40."""
+    """The translations docs/benchmarks.md measures with: two disjoint sets of 40 MetaTool
+    tools, and 40 ETOM tools."""
     probes = Path(__file__).parents[2] / "docs" / "probes"
     a = json.loads((probes / "metatool-descriptions-zh-a.json").read_text(encoding="utf-8"))
     b = json.loads((probes / "metatool-descriptions-zh-b.json").read_text(encoding="utf-8"))
     assert len(a) == len(b) == 40 and not set(a) & set(b)
+    etom = json.loads((probes / "etom-descriptions-zh.json").read_text(encoding="utf-8"))
+    assert len(etom) == 40 and all(":" in tool for tool in etom)
