@@ -56,14 +56,22 @@ def test_bench_search_reports_registration_first_request_and_both_sides() -> Non
     for key in ("stages_p50_ms", "stages_p99_ms"):
         stages = report[key]
         assert {"embed", "retrieve", "graph", "rank", "server", "outside_server"} <= stages.keys()
-        assert 0 < stages["server"] < report[key.replace("stages_", "")]
+        # The stages are read over every repeat's requests, the top-level figures are medians
+        # of the repeats': the service's time is compared with the client's over the same ones.
+        assert 0 < stages["server"] < stages["client"]
     assert report["stages_p50_ms"]["outside_server"] > 0
 
 
 def test_stage_percentiles_split_the_client_time_at_the_service() -> None:
     stages = [{"client": 10.0, "embed": 1.0, "retrieve": 5.0}, {"client": 20.0, "embed": 3.0}]
     p99 = stage_percentiles(stages, 0.99)
-    assert p99 == {"embed": 3.0, "retrieve": 5.0, "server": 6.0, "outside_server": 17.0}
+    assert p99 == {
+        "embed": 3.0,
+        "retrieve": 5.0,
+        "server": 6.0,
+        "outside_server": 17.0,
+        "client": 20.0,
+    }
     assert stage_percentiles(stages, 0.0)["outside_server"] == 4.0
 
 

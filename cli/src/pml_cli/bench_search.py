@@ -392,8 +392,10 @@ def _search_call(
 
 
 def stage_percentiles(stages: list[dict[str, float]], q: float) -> dict[str, float]:
-    """Percentile `q` of each server stage, of their sum (`server`) and of what the client
-    waited beyond it (`outside_server`: gRPC, interceptors, the event loop's queue)."""
+    """Percentile `q` of each server stage, of their sum (`server`), of what the client
+    waited beyond it (`outside_server`: gRPC, interceptors, the event loop's queue) and of what
+    it waited in all (`client`), all over the same requests (with repeats, every repeat's: the
+    report's top-level p50 and p99 are medians of the repeats' instead)."""
     if not stages:
         return {}
     names = sorted({name for timed in stages for name in timed} - {CLIENT})
@@ -402,6 +404,7 @@ def stage_percentiles(stages: list[dict[str, float]], q: float) -> dict[str, flo
     columns["outside_server"] = [
         timed[CLIENT] - server for timed, server in zip(stages, columns["server"], strict=True)
     ]
+    columns[CLIENT] = [timed[CLIENT] for timed in stages]
     return {name: round(_percentile(values, q), 3) for name, values in columns.items()}
 
 
