@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,11 +101,14 @@ def redescribed(src: Path, descriptions: Path, out: Path) -> dict[str, Any]:
     for row in rows:
         row["description"] = replacing.get(row["id"], row["description"])
     out.mkdir(parents=True, exist_ok=True)
-    (out / "catalog.jsonl").write_text(
-        "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), "utf-8"
-    )
+    write_jsonl(out / "catalog.jsonl", rows)
     shutil.copyfile(src / "queries.jsonl", out / "queries.jsonl")
     return {"out": str(out), "from": str(src), "tools": len(rows), "redescribed": len(replacing)}
+
+
+def write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """One JSON object a line, non-ASCII kept as it is (server names, Chinese descriptions)."""
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8")
 
 
 def _lines(path: Path) -> list[str]:

@@ -16,14 +16,13 @@ such a set measure co-usage (which tools go together), not order.
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pml_cli.eval_data import write_jsonl
 from pml_cli.eval_folds import steps_of
 from pml_cli.eval_plan import plan_queries, sequence_source
 from pml_cli.eval_tools import EvalError, load_queries, load_tool_catalog
@@ -522,16 +521,12 @@ def query_rows(seed: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8")
-
-
 def write_synthetic_workflows(out: Path, seed: int = 0) -> dict[str, Any]:
     """Write catalog.jsonl and queries.jsonl (with `sequence`) to `out`; a summary."""
     out.mkdir(parents=True, exist_ok=True)
     catalog, queries = catalog_rows(), query_rows(seed)
-    _write_jsonl(out / "catalog.jsonl", catalog)
-    _write_jsonl(out / "queries.jsonl", queries)
+    write_jsonl(out / "catalog.jsonl", catalog)
+    write_jsonl(out / "queries.jsonl", queries)
     return {
         "out": str(out),
         "tools": len(catalog),
@@ -556,7 +551,7 @@ def sequences_from_relevant(src: Path, out: Path) -> dict[str, Any]:
         raise EvalError(f"{src / 'queries.jsonl'}: no query with 2+ relevant tools")
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src / "catalog.jsonl", out / "catalog.jsonl")
-    _write_jsonl(
+    write_jsonl(
         out / "queries.jsonl",
         [
             {"id": q.id, "query": q.query, "relevant": q.relevant, "sequence": steps_of(q)}

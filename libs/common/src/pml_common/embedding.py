@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 import queue
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
@@ -462,39 +462,38 @@ class EnsembleEmbedder:
         return (np.concatenate(pieces, axis=1) * self._scale).astype(np.float32)
 
 
-def part_dims(embedder: Embedder) -> tuple[int, ...]:
-    """The widths of the models an embedder's vectors are made of (one model: its dim)."""
+def _chain(embedder: Embedder) -> Iterator[object]:
+    """The embedder, then each one it wraps (`inner`), outermost first."""
     current: object = embedder
     while current is not None:
-        if isinstance(current, EnsembleEmbedder):
-            return current.part_dims
+        yield current
         current = getattr(current, "inner", None)
-    return (embedder.dim,)
+
+
+def _ensemble(embedder: Embedder) -> EnsembleEmbedder | None:
+    return next((e for e in _chain(embedder) if isinstance(e, EnsembleEmbedder)), None)
+
+
+def part_dims(embedder: Embedder) -> tuple[int, ...]:
+    """The widths of the models an embedder's vectors are made of (one model: its dim)."""
+    ensemble = _ensemble(embedder)
+    return ensemble.part_dims if ensemble is not None else (embedder.dim,)
 
 
 def cross_script_parts(embedder: Embedder) -> tuple[bool, ...]:
     """Per model of an embedder's vectors (`part_dims`), whether its cosine of a request with a
     tool described in another script is as telling as within one script, so that it may judge
     such a tool without the others (`first_stage.fused_relevance`)."""
-    current: object = embedder
-    while current is not None:
-        if isinstance(current, EnsembleEmbedder):
-            return current.part_cross_script
-        current = getattr(current, "inner", None)
-    return (reads_across_scripts(embedder),)
+    ensemble = _ensemble(embedder)
+    return ensemble.part_cross_script if ensemble is not None else (reads_across_scripts(embedder),)
 
 
 def reads_across_scripts(embedder: Embedder) -> bool:
     """A model's `CROSS_SCRIPT` flag. A model that does not say (an OpenAI-compatible server's,
     whose model PML does not know) is taken to read across scripts, as the large multilingual
     models such servers mostly run do; its cosines then count for tools in any script."""
-    current: object = embedder
-    while current is not None:
-        flag = getattr(type(current), "CROSS_SCRIPT", None)
-        if isinstance(flag, bool):
-            return flag
-        current = getattr(current, "inner", None)
-    return True
+    flags = (getattr(type(e), "CROSS_SCRIPT", None) for e in _chain(embedder))
+    return next((flag for flag in flags if isinstance(flag, bool)), True)
 
 
 # --- Redis cache ------------------------------------------------------------------------------

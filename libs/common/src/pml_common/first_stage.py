@@ -246,6 +246,10 @@ class LexicalIndex:
             return np.ones(self._size, dtype=bool)
         return np.asarray(self._scripts != self._script_names.index(wanted))
 
+    def read(self, text: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """What the first stage reads here of `text`: `scores` and `foreign`."""
+        return self.scores(text), self.foreign(text)
+
 
 def sub_goals(query: str) -> list[str]:
     """The clauses of a request that chains several steps; empty for a one-step request."""

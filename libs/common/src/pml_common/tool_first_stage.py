@@ -135,16 +135,19 @@ class FusedFirstStage:
         `adapt` or without those embeddings (a request given as an embedding alone)."""
         if not self.ids:
             return np.zeros(0, dtype=np.float64), None
-        lexical = [(self._lexical.scores(t), self._lexical.foreign(t)) for t in intent.texts]
         if intent.texts and intent.text_vectors is not None and self._catalog is not None:
-            catalog = self._catalog
+            catalog, lexical = self._catalog, [self._lexical.read(t) for t in intent.texts]
             plain = self._hybrid(catalog, intent.text_vectors, lexical)
             adapted = self._hybrid(catalog, adapt(intent.text_vectors), lexical) if adapt else None
             return plain, adapted
         query = np.asarray(intent.vector, dtype=np.float64)
         dense = self._vectors @ (query / max(float(np.linalg.norm(query)), 1e-12))
         # SHGAT's embedder alone (USE by default) is taken to read across scripts.
-        bm25, foreign = lexical[0] if lexical else (np.zeros(len(self.ids), np.float32), None)
+        bm25, foreign = (
+            self._lexical.read(intent.texts[0])
+            if intent.texts
+            else (np.zeros(len(self.ids), np.float32), None)
+        )
         return np.asarray(fused_relevance(dense, bm25, foreign), dtype=np.float64), None
 
     def _hybrid(

@@ -340,8 +340,8 @@ def _lexical(
     index does not cover yet (a write under way) score 0 and count as in the text's script."""
     if index is None:
         return np.zeros(rows), None
-    foreign = index.foreign(text)
-    return _padded(index.scores(text), rows), None if foreign is None else _padded(foreign, rows)
+    scores, foreign = index.read(text)
+    return _padded(scores, rows), None if foreign is None else _padded(foreign, rows)
 
 
 def _padded(scores: np.ndarray, rows: int) -> np.ndarray:
