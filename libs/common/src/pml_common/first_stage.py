@@ -246,7 +246,7 @@ class LexicalIndex:
             return np.ones(self._size, dtype=bool)
         return np.asarray(self._scripts != self._script_names.index(wanted))
 
-    def read(self, text: str) -> tuple[np.ndarray, np.ndarray | None]:
+    def scored(self, text: str) -> tuple[np.ndarray, np.ndarray | None]:
         """What the first stage reads here of `text`: `scores` and `foreign`."""
         return self.scores(text), self.foreign(text)
 

@@ -136,7 +136,7 @@ class FusedFirstStage:
         if not self.ids:
             return np.zeros(0, dtype=np.float64), None
         if intent.texts and intent.text_vectors is not None and self._catalog is not None:
-            catalog, lexical = self._catalog, [self._lexical.read(t) for t in intent.texts]
+            catalog, lexical = self._catalog, [self._lexical.scored(t) for t in intent.texts]
             plain = self._hybrid(catalog, intent.text_vectors, lexical)
             adapted = self._hybrid(catalog, adapt(intent.text_vectors), lexical) if adapt else None
             return plain, adapted
@@ -144,7 +144,7 @@ class FusedFirstStage:
         dense = self._vectors @ (query / max(float(np.linalg.norm(query)), 1e-12))
         # SHGAT's embedder alone (USE by default) is taken to read across scripts.
         bm25, foreign = (
-            self._lexical.read(intent.texts[0])
+            self._lexical.scored(intent.texts[0])
             if intent.texts
             else (np.zeros(len(self.ids), np.float32), None)
         )

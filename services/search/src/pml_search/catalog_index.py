@@ -340,7 +340,7 @@ def _lexical(
     index does not cover yet (a write under way) score 0 and count as in the text's script."""
     if index is None:
         return np.zeros(rows), None
-    scores, foreign = index.read(text)
+    scores, foreign = index.scored(text)
     return _padded(scores, rows), None if foreign is None else _padded(foreign, rows)
 
 
