@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -76,34 +75,59 @@ def load_tool_catalog(data: Path) -> list[ToolSpec]:
         raise EvalError(str(exc)) from exc
 
 
-def redescribed(src: Path, descriptions: Path, out: Path) -> dict[str, Any]:
-    """Write `src`'s set to `out` with the tool descriptions of `descriptions` (a JSON object,
-    tool id → description) in place of the catalog's: the same tasks over tools described
-    otherwise (translated, reworded), so that what the wording alone changes can be measured.
-    Every id must be one of the catalog's; the queries are copied unchanged."""
+def variant(
+    src: Path, out: Path, descriptions: Path | None = None, queries: Path | None = None
+) -> dict[str, Any]:
+    """Write `src`'s set to `out` worded otherwise (translated, reworded), so that what the
+    wording alone changes can be measured: the tool descriptions of `descriptions` (a JSON
+    object, tool id → description) in place of the catalog's, and the requests of `queries`
+    (query id → request) in place of theirs. With `queries`, the variant holds those queries
+    only (with their relevant tools and, where the set has it, their `query_meta.jsonl` line);
+    without, every query unchanged. Every id must be one of the set's."""
+    if descriptions is None and queries is None:
+        raise EvalError("name --descriptions, --queries or both")
     if src.resolve() == out.resolve():
         raise EvalError("--from and --out must be different folders")
     load_tool_catalog(src)  # the set reads before anything is written
+    tools = [json.loads(line) for line in _lines(src / "catalog.jsonl")]
+    asked = [json.loads(line) for line in _lines(src / "queries.jsonl")]
+    summary: dict[str, Any] = {"out": str(out), "from": str(src), "tools": len(tools)}
+    if descriptions is not None:
+        replacing = _rewording(descriptions, {row["id"] for row in tools}, "tool")
+        for row in tools:
+            row["description"] = replacing.get(row["id"], row["description"])
+        summary["redescribed"] = len(replacing)
+    if queries is not None:
+        requests = _rewording(queries, {row["id"] for row in asked}, "query")
+        asked = [{**row, "query": requests[row["id"]]} for row in asked if row["id"] in requests]
+        summary["reworded"] = len(requests)
+    out.mkdir(parents=True, exist_ok=True)
+    write_jsonl(out / "catalog.jsonl", tools)
+    write_jsonl(out / "queries.jsonl", asked)
+    if (src / "query_meta.jsonl").exists():
+        kept = {row["id"] for row in asked}
+        meta = [json.loads(line) for line in _lines(src / "query_meta.jsonl")]
+        write_jsonl(out / "query_meta.jsonl", [row for row in meta if row.get("id") in kept])
+    summary["queries"] = len(asked)
+    return summary
+
+
+def _rewording(path: Path, known: set[str], kind: str) -> dict[str, str]:
+    """A JSON object of `kind` id → its new text, every id one of `known`."""
     try:
-        replacing = json.loads(descriptions.read_text(encoding="utf-8"))
+        replacing = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise EvalError(f"{descriptions}: cannot read: {exc.strerror}") from exc
+        raise EvalError(f"{path}: cannot read: {exc.strerror}") from exc
     except json.JSONDecodeError as exc:
-        raise EvalError(f"{descriptions}: not JSON: {exc}") from exc
+        raise EvalError(f"{path}: not JSON: {exc}") from exc
     if not isinstance(replacing, dict) or not all(
         isinstance(v, str) and v.strip() for v in replacing.values()
     ):
-        raise EvalError(f"{descriptions}: must be an object of tool id → non-empty description")
-    rows = [json.loads(line) for line in _lines(src / "catalog.jsonl")]
-    unknown = sorted(set(replacing) - {row["id"] for row in rows})
+        raise EvalError(f"{path}: must be an object of {kind} id → non-empty text")
+    unknown = sorted(set(replacing) - known)
     if unknown:
-        raise EvalError(f"{descriptions}: not tools of {src}: {', '.join(unknown[:5])}")
-    for row in rows:
-        row["description"] = replacing.get(row["id"], row["description"])
-    out.mkdir(parents=True, exist_ok=True)
-    write_jsonl(out / "catalog.jsonl", rows)
-    shutil.copyfile(src / "queries.jsonl", out / "queries.jsonl")
-    return {"out": str(out), "from": str(src), "tools": len(rows), "redescribed": len(replacing)}
+        raise EvalError(f"{path}: not {kind} ids of the set: {', '.join(unknown[:5])}")
+    return replacing
 
 
 def write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:

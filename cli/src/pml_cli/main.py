@@ -647,19 +647,26 @@ def eval_make_workflows(
 @eval_app.command("make-variant")
 def eval_make_variant(
     source: Annotated[Path, typer.Option("--from", help="The tool set to start from.")],
-    descriptions: Annotated[
-        Path,
-        typer.Option(help="JSON object: tool id → the description it gets in the variant."),
-    ],
     out_dir: Annotated[Path, typer.Option("--out", help="Folder to write the variant into.")],
+    descriptions: Annotated[
+        Path | None,
+        typer.Option(help="JSON object: tool id → the description it gets in the variant."),
+    ] = None,
+    queries: Annotated[
+        Path | None,
+        typer.Option(
+            help="JSON object: query id → the request it becomes; the variant holds these "
+            "queries only."
+        ),
+    ] = None,
 ) -> None:
-    """Write a tool set whose tools are described otherwise (translated, reworded): the same
-    queries, so that what the wording changes is measured by `pml eval tools`."""
-    from pml_cli.eval_data import redescribed
+    """Write a tool set worded otherwise (tools described, or requests put, in another
+    language or words), so that what the wording changes is measured by `pml eval tools`."""
+    from pml_cli.eval_data import variant
 
     try:
         with _reported():
-            summary = redescribed(source, descriptions, out_dir)
+            summary = variant(source, out_dir, descriptions, queries)
     except OSError as exc:
         fail(f"{out_dir}: cannot write: {exc.strerror}")
     for key, value in summary.items():
