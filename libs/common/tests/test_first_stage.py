@@ -110,13 +110,28 @@ def test_the_index_names_the_tools_in_another_script_than_the_text() -> None:
     docs = [
         ToolText("a:weather", "a", "forecast", "未来几天的天气预报"),
         ToolText("b:news", "b", "headlines", "The latest news headlines"),
+        ToolText("c:mail", "c", "send", "Send an email"),
     ]
     index = LexicalIndex.build(docs)
-    assert index.foreign("Will it rain tomorrow?").tolist() == [True, False]
-    assert index.foreign("明天会下雨吗").tolist() == [False, True]
-    assert index.foreign("Завтра будет дождь?").tolist() == [True, True]
+    assert index.foreign("Will it rain tomorrow?").tolist() == [True, False, False]
+    assert index.foreign("Завтра будет дождь?").tolist() == [True, True, True]
+    # A request in the catalog's minority script: every tool is judged as a foreign one,
+    # the tools in its own script too.
+    assert index.foreign("明天会下雨吗").tolist() == [True, True, True]
+    chinese = LexicalIndex.build(chinese_docs())
+    assert chinese.foreign("明天会下雨吗") is None
+    assert chinese.foreign("Will it rain tomorrow?").tolist() == [True, True]
+    mostly_chinese = LexicalIndex.build([*chinese_docs(), docs[1]])
+    assert mostly_chinese.foreign("明天会下雨吗").tolist() == [False, False, True]
     english = LexicalIndex.build(docs[1:])
     assert english.foreign("Will it rain tomorrow?") is None
+
+
+def chinese_docs() -> list[ToolText]:
+    return [
+        ToolText("a:weather", "a", "forecast", "未来几天的天气预报"),
+        ToolText("d:news", "d", "headlines", "最新新闻头条"),
+    ]
 
 
 def test_a_tool_in_another_script_is_judged_in_part_by_the_models_that_read_across() -> None:
@@ -194,6 +209,24 @@ def test_a_chained_request_splits_into_its_steps() -> None:
     ]
     assert sub_goals("read the file named notes.txt") == []
     assert len(sub_goals("Do step one now. " * 50)) == MAX_SUB_GOALS
+
+
+def test_a_chained_request_in_chinese_or_japanese_splits_into_its_steps() -> None:
+    query = "扫描main.py文件的内容，接着获取详细结果，再检查扫描状态。最后列出支持的语言"
+    assert sub_goals(query) == [
+        "扫描main.py文件的内容",
+        "获取详细结果",
+        "检查扫描状态。",
+        "最后列出支持的语言",
+    ]
+    # "最后" ("last") and "再" ("again") start a step only after a comma.
+    assert sub_goals("列出最后一个文件并再检查一次它的大小") == []
+    # A fragment of fewer than three words (4.5 characters) is not a step.
+    assert sub_goals("谢谢。帮我查一下北京明天的天气") == []
+    assert sub_goals("ファイルを読み込んでください。それから要約を作成してください") == [
+        "ファイルを読み込んでください。",
+        "要約を作成してください",
+    ]
 
 
 def test_sub_goals_blend_the_best_step_into_each_tools_relevance() -> None:

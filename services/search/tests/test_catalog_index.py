@@ -215,7 +215,8 @@ async def test_a_tool_described_in_chinese_is_judged_in_part_by_the_cross_script
     parts: tuple[QdrantVectorStore, CatalogIndex], tenant: str
 ) -> None:
     """For an English request, the Chinese-described tool's relevance is blended with USE's
-    alone (`first_stage.fused_relevance`), and the English tools' is as it was."""
+    alone (`first_stage.fused_relevance`), and the English tools' is as it was; for a Chinese
+    request, every tool's is."""
     _, catalog = parts
     entries = [
         _tool(tenant, "weather:forecast", "未来几天的天气预报，包括气温和降雨概率。"),
@@ -242,6 +243,18 @@ async def test_a_tool_described_in_chinese_is_judged_in_part_by_the_cross_script
     assert got["weather:forecast"] > plain[0] + 0.05  # the rule changed what it would have been
     assert [got[e.id] for e in entries[1:]] == pytest.approx(plain[1:].tolist(), abs=1e-5)
     assert ranked[0].entry.id == "weather:forecast"
+
+    # A Chinese request, in the script of one tool of four: every tool is judged as foreign,
+    # the Chinese one too.
+    request = "明天巴黎会下雨吗？"
+    vector = (await embedder.embed_queries([request]))[0]
+    ranked = await catalog.ranked(tenant, TOOL, [request], vector[None], len(entries), HYBRID)
+    got = {s.entry.id: s.relevance for s in ranked}
+    cosines = dense_parts(passages, vector, part_dims(embedder))
+    foreign = lexical.foreign(request)
+    assert foreign is not None and foreign.all()
+    want = fused_relevance(cosines, lexical.scores(request), foreign, cross_script=flags)
+    assert [got[e.id] for e in entries] == pytest.approx(want.tolist(), abs=1e-5)
 
 
 async def test_a_request_that_gives_up_leaves_the_tenants_read_for_the_next_one(

@@ -29,13 +29,17 @@ therefore the mean of its fused relevance and the relevance of the models that d
 (`FOREIGN_SCRIPT_SHARE`). With 40 of MetaTool's 199 descriptions translated into Chinese, the
 two-tool tasks' recall@5 goes from 0.7113 to 0.7304 (another 40: 0.6348 to 0.7022; 0.7294
 all in English); ETOM's multi-step tasks with 40 of their tools' descriptions in Chinese,
-0.8199 to 0.8268 (docs/benchmarks.md, "Descriptions in another script"). A text's script is
-the one most of its words are written in (`script`); a catalog all in the request's script
-ranks exactly as without the rule.
+0.8199 to 0.8268 (docs/benchmarks.md, "Descriptions in another script"). A request in
+another script than most of the catalog has every tool judged so, those in its own script
+too: BM25 and the one-script models would otherwise fill its top with them (a Chinese request
+over ETOM with 40 Chinese descriptions: recall@5 0.4765 → 0.5244; "Requests in another
+language"). A text's script is the one most of its words are written in (`script`); a catalog
+all in the request's script ranks exactly as without the rule.
 
 Sub-goals: a request that chains steps ("check my balance, then send 0.05 ETH") is also
-split into its sentences and "then / after that / finally / next" clauses (at most
-`MAX_SUB_GOALS`, each of three words or more); each tool's relevance becomes
+split into its sentences and "then / after that / finally / next" clauses, in English,
+Chinese (然后, 接着, 最后, ...) or Japanese (at most `MAX_SUB_GOALS`, each of three words or
+more, a Chinese word counted as 1.5 characters); each tool's relevance becomes
 ``0.5·relevance(request) + 0.5·max over sub-goals of relevance(sub-goal)``, so every step
 finds its tool instead of the most-mentioned one filling the top. A one-clause request ranks
 as before. The weights and this share were chosen on the development sets only
@@ -74,9 +78,21 @@ SUB_GOAL_CHARS = 2_000
 _SUB_GOAL_BREAK = re.compile(
     r"(?<=[.?!;])\s+"
     r"|,?\s+(?:and\s+)?(?:then|after that|afterwards|finally|next"
-    r"|once (?:you have|that is done)[^,]*,)\s+",
+    r"|once (?:you have|that is done)[^,]*,)\s+"
+    # Chinese and Japanese: a full-width sentence end needs no space after it; the words for
+    # "then" mark a step wherever they stand, those that can also mean "last" or "again" (最后,
+    # 再) only after a comma.
+    r"|(?<=[。！？；])\s*"
+    r"|[，,、]?\s*(?:然后|接着|随后|紧接着|それから|その後|次に)"
+    r"|[，,、]\s*(?:之后|此后|最后|最终|再|最後に)",
     re.IGNORECASE,
 )
+#: Letters of the scripts written without spaces between words (Chinese, Japanese kana).
+_UNSPACED_RUN = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
+#: A Chinese word's mean length in characters: how a clause without spaces is counted in words.
+CHARS_PER_UNSPACED_WORD = 1.5
+#: Words a sub-goal has at least (fewer is a fragment: "thanks", "and finally").
+SUB_GOAL_WORDS = 3
 
 #: The retrievers a request may name: both fused (the default), or one alone for comparison.
 HYBRID = "hybrid"
@@ -207,6 +223,8 @@ class LexicalIndex:
         self._script_names = sorted(set(scripts))
         code = {name: i for i, name in enumerate(self._script_names)}
         self._scripts = np.array([code[name] for name in scripts], dtype=np.int16)
+        #: The script most tools are written in.
+        self._main_script = Counter(scripts).most_common(1)[0][0] if scripts else LATIN
 
     @classmethod
     def build(cls, docs: Sequence[ToolText]) -> LexicalIndex:
@@ -237,12 +255,19 @@ class LexicalIndex:
         return np.asarray(self._retriever.get_scores(known), dtype=np.float32)
 
     def foreign(self, text: str) -> np.ndarray | None:
-        """(n,) True for the tools written in another script than `text`; None when there is
-        none (the usual case, answered without a pass over the tools)."""
+        """(n,) True for the tools judged as written in another script than `text`: those
+        that are, or every tool when `text` is not in the script most tools are written in;
+        None when there is none (the usual case, answered without a pass over the tools).
+
+        The few tools in a minority script are not judged on their own terms for a request
+        in that script: BM25 and the models that read one script favour them over all the
+        others (a Chinese request over a mostly English catalog with 40 Chinese descriptions
+        filled 38 % of its top five with those 40 tools; docs/benchmarks.md, "Requests in
+        another language")."""
         wanted = script(text)
         if not self._script_names or self._script_names == [wanted]:
             return None
-        if wanted not in self._script_names:
+        if wanted != self._main_script:
             return np.ones(self._size, dtype=bool)
         return np.asarray(self._scripts != self._script_names.index(wanted))
 
@@ -253,9 +278,16 @@ class LexicalIndex:
 
 def sub_goals(query: str) -> list[str]:
     """The clauses of a request that chains several steps; empty for a one-step request."""
-    parts = [p.strip() for p in _SUB_GOAL_BREAK.split(query[:SUB_GOAL_CHARS]) if p]
-    parts = [p for p in parts if len(p.split()) >= 3]
+    parts = [p.strip().strip("，、") for p in _SUB_GOAL_BREAK.split(query[:SUB_GOAL_CHARS]) if p]
+    parts = [p for p in parts if _words(p) >= SUB_GOAL_WORDS]
     return parts[:MAX_SUB_GOALS] if len(parts) > 1 else []
+
+
+def _words(clause: str) -> float:
+    """How many words `clause` has, a run of Chinese or Japanese characters counting as one
+    word per `CHARS_PER_UNSPACED_WORD` of its characters."""
+    unspaced = sum(len(run) for run in _UNSPACED_RUN.findall(clause))
+    return len(_UNSPACED_RUN.sub(" ", clause).split()) + unspaced / CHARS_PER_UNSPACED_WORD
 
 
 def with_sub_goals(whole: np.ndarray, goals: Sequence[np.ndarray]) -> np.ndarray:
