@@ -21,6 +21,10 @@ def test_a_request_is_split_into_its_sub_goals_in_order() -> None:
         "send the summary by mail to the team",
     ]
     assert clauses_of("list my repositories") == ["list my repositories"]
+    assert clauses_of("在网上搜索今天的新闻，然后把摘要用邮件发给团队") == [
+        "在网上搜索今天的新闻",
+        "把摘要用邮件发给团队",
+    ]
 
 
 def test_each_clause_takes_its_best_tool_no_earlier_clause_took() -> None:
