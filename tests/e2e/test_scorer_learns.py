@@ -424,3 +424,23 @@ def test_untrained_tool_scores_are_search_hybrid_relevance(
     assert got == pytest.approx(want, abs=1e-4)
     # both steps of the chain are on top, which neither side alone would guarantee
     assert {s.id for s in reply.scores[:2]} == {"wallet:get_balance", "wallet:send_payment"}
+
+    # A Chinese chained request: split into its two steps, and every tool judged as foreign
+    # (the one Chinese tool too), the same on both sides.
+    request = "查一下这个地址的代币余额，然后把这笔金额转给收款人"
+    searched = search_stub.Search(
+        search_pb2.SearchRequest(
+            tenant_id=e2e_tenant,
+            query=request,
+            limit=len(WALLET),
+            kinds=[search_pb2.NODE_KIND_TOOL],
+            retriever="hybrid",
+        ),
+        timeout=60,
+    )
+    reply = scorer.ScoreTools(
+        scorer_pb2.ScoreRequest(tenant_id=e2e_tenant, text=request, top_k=len(WALLET)),
+        timeout=120,
+    )
+    want = {r.id: r.semantic_score for r in searched.results}
+    assert {s.id: s.score for s in reply.scores} == pytest.approx(want, abs=1e-4)
