@@ -400,47 +400,30 @@ def test_untrained_tool_scores_are_search_hybrid_relevance(
         ),
         timeout=60,
     )
-    searched = search_stub.Search(
-        search_pb2.SearchRequest(
+
+    def searched(text: str) -> dict[str, float]:
+        request = search_pb2.SearchRequest(
             tenant_id=e2e_tenant,
-            query=CHAINED,
+            query=text,
             limit=len(WALLET),
             kinds=[search_pb2.NODE_KIND_TOOL],
             retriever="hybrid",
-        ),
-        timeout=60,
-    )
-    want = {r.id: r.semantic_score for r in searched.results}
-    reply = eventually(
-        lambda: scorer.ScoreTools(
-            scorer_pb2.ScoreRequest(tenant_id=e2e_tenant, text=CHAINED, top_k=len(WALLET)),
-            timeout=120,
-        ),
-        lambda r: len(r.scores) == len(WALLET),
-        timeout=60,
-    )
+        )
+        return {r.id: r.semantic_score for r in search_stub.Search(request, timeout=60).results}
+
+    def scored(text: str) -> scorer_pb2.ScoreResponse:
+        request = scorer_pb2.ScoreRequest(tenant_id=e2e_tenant, text=text, top_k=len(WALLET))
+        return scorer.ScoreTools(request, timeout=120)
+
+    want = searched(CHAINED)
+    reply = eventually(lambda: scored(CHAINED), lambda r: len(r.scores) == len(WALLET), timeout=60)
     assert reply.model_version == "untrained" and reply.correction_weight == 0.0
-    got = {s.id: s.score for s in reply.scores}
-    assert got == pytest.approx(want, abs=1e-4)
+    assert {s.id: s.score for s in reply.scores} == pytest.approx(want, abs=1e-4)
     # both steps of the chain are on top, which neither side alone would guarantee
     assert {s.id for s in reply.scores[:2]} == {"wallet:get_balance", "wallet:send_payment"}
 
     # A Chinese chained request: split into its two steps, and every tool judged as foreign
     # (the one Chinese tool too), the same on both sides.
-    request = "查一下这个地址的代币余额，然后把这笔金额转给收款人"
-    searched = search_stub.Search(
-        search_pb2.SearchRequest(
-            tenant_id=e2e_tenant,
-            query=request,
-            limit=len(WALLET),
-            kinds=[search_pb2.NODE_KIND_TOOL],
-            retriever="hybrid",
-        ),
-        timeout=60,
-    )
-    reply = scorer.ScoreTools(
-        scorer_pb2.ScoreRequest(tenant_id=e2e_tenant, text=request, top_k=len(WALLET)),
-        timeout=120,
-    )
-    want = {r.id: r.semantic_score for r in searched.results}
-    assert {s.id: s.score for s in reply.scores} == pytest.approx(want, abs=1e-4)
+    chinese = "查一下这个地址的代币余额，然后把这笔金额转给收款人"
+    got = {s.id: s.score for s in scored(chinese).scores}
+    assert got == pytest.approx(searched(chinese), abs=1e-4)
