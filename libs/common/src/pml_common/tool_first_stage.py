@@ -20,7 +20,9 @@ from numpy.typing import NDArray
 
 from pml_common.embedding import Embedder
 from pml_common.first_stage import (
+    LATIN,
     LexicalIndex,
+    Reach,
     TextScores,
     ToolText,
     dense_parts,
@@ -72,14 +74,14 @@ class FusedFirstStage:
         lexical: LexicalIndex,
         catalog: NDArray[np.float32] | None = None,
         parts: tuple[int, ...] = (),
-        cross_script: tuple[bool, ...] = (),
+        reach: tuple[Reach, ...] = (),
     ):
         self.ids = ids
         self._vectors = vectors
         self._lexical = lexical
         self._catalog = catalog
         self._parts = parts
-        self._cross_script = cross_script
+        self._reach = reach
 
     @classmethod
     def of_graph(cls, graph: ToolGraph) -> FusedFirstStage:
@@ -98,7 +100,7 @@ class FusedFirstStage:
             LexicalIndex.build(texts),
             graph.catalog_vectors,
             graph.catalog_parts,
-            graph.catalog_cross_script,
+            graph.catalog_reach,
         )
 
     @classmethod
@@ -143,10 +145,10 @@ class FusedFirstStage:
         query = np.asarray(intent.vector, dtype=np.float64)
         dense = self._vectors @ (query / max(float(np.linalg.norm(query)), 1e-12))
         # SHGAT's embedder alone (USE by default) is taken to read across scripts.
-        bm25, foreign = (
+        bm25, foreign, _ = (
             self._lexical.scored(intent.texts[0])
             if intent.texts
-            else (np.zeros(len(self.ids), np.float32), None)
+            else (np.zeros(len(self.ids), np.float32), None, LATIN)
         )
         return np.asarray(fused_relevance(dense, bm25, foreign), dtype=np.float64), None
 
@@ -154,14 +156,14 @@ class FusedFirstStage:
         self,
         catalog: NDArray[np.float32],
         vectors: NDArray[np.floating],
-        lexical: Sequence[tuple[NDArray[np.float32], NDArray[np.bool_] | None]],
+        lexical: Sequence[tuple[NDArray[np.float32], NDArray[np.bool_] | None, str]],
     ) -> NDArray[np.float64]:
         """The hybrid relevance of a request and its sub-goals (`vectors`, `lexical`: each
-        one's embedding by the tool embedder, BM25 scores and tools in another script) over the
-        tools' embeddings `catalog`."""
+        one's embedding by the tool embedder, BM25 scores, tools in another script and script)
+        over the tools' embeddings `catalog`."""
         parts = [
-            TextScores(dense_parts(catalog, vector, self._parts), scores, foreign)
-            for vector, (scores, foreign) in zip(vectors, lexical, strict=True)
+            TextScores(dense_parts(catalog, vector, self._parts), *scored)
+            for vector, scored in zip(vectors, lexical, strict=True)
         ]
-        relevance = hybrid_relevance(parts[0], parts[1:], self._cross_script)
+        relevance = hybrid_relevance(parts[0], parts[1:], self._reach)
         return np.asarray(relevance, dtype=np.float64)

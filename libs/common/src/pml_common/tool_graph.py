@@ -15,7 +15,8 @@ import numpy as np
 from neo4j import AsyncDriver
 from numpy.typing import NDArray
 
-from pml_common.embedding import Embedder, catalog_text, cross_script_parts, part_dims
+from pml_common.embedding import Embedder, catalog_text, part_dims, part_reach
+from pml_common.first_stage import Reach
 
 _TOOLS = """
 MATCH (t:Tool {tenant_id: $tenant})
@@ -70,11 +71,11 @@ class ToolGraph:
     capabilities: tuple[GraphCapability, ...]
     tool_vectors: dict[str, NDArray[np.float32]]
     #: The tools' embeddings by the tool embedder (`PML_TOOL_EMBEDDER`, the first stage's dense
-    #: side), in the order of `tools`, the widths of its models and which of them read across
-    #: scripts (`embedding.cross_script_parts`); None when not asked for.
+    #: side), in the order of `tools`, the widths of its models and how far each reads
+    #: (`embedding.part_reach`); None when not asked for.
     catalog_vectors: NDArray[np.float32] | None = None
     catalog_parts: tuple[int, ...] = ()
-    catalog_cross_script: tuple[bool, ...] = ()
+    catalog_reach: tuple[Reach, ...] = ()
 
     def servers_of(self, tool_ids: Sequence[str]) -> list[str]:
         """The server of each tool of `tool_ids` ("" for an id the graph does not hold)."""
@@ -123,9 +124,7 @@ async def read_tool_graph(
         tool_vectors={t.id: tool_vectors[i] for i, t in enumerate(tools)},
         catalog_vectors=catalog,
         catalog_parts=part_dims(tool_embedder) if tool_embedder is not None else (),
-        catalog_cross_script=(
-            cross_script_parts(tool_embedder) if tool_embedder is not None else ()
-        ),
+        catalog_reach=(part_reach(tool_embedder) if tool_embedder is not None else ()),
     )
 
 

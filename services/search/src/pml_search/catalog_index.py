@@ -54,17 +54,19 @@ from typing import NamedTuple, TypeVar
 import numpy as np
 import structlog
 
-from pml_common.embedding import Embedder, catalog_text, cross_script_parts, part_dims
+from pml_common.embedding import Embedder, catalog_text, part_dims, part_reach
 from pml_common.first_stage import (
     DENSE,
     HYBRID,
     LEXICAL,
     LexicalIndex,
+    Reach,
     TextScores,
     ToolText,
     hybrid_relevance,
     normalised_lexical,
     part_spans,
+    script,
 )
 from pml_common.settings import Settings
 from pml_common.tenant_cache import TenantCache
@@ -199,13 +201,13 @@ class TenantMatrix:
         self,
         dim: int,
         parts: tuple[int, ...] | None = None,
-        cross_script: tuple[bool, ...] = (),
+        reach: tuple[Reach, ...] = (),
     ) -> None:
         self.dim = dim
-        #: Widths of the embedder's models within a vector (see `EnsembleEmbedder`), and which
-        #: of them read across scripts (`embedding.cross_script_parts`; empty: all).
+        #: Widths of the embedder's models within a vector (see `EnsembleEmbedder`), and how
+        #: far each reads (`embedding.part_reach`; empty: all across scripts).
         self.parts = parts or (dim,)
-        self.cross_script = cross_script
+        self.reach = reach
         self.entries: list[CatalogEntry] = []
         self.hashes: list[str] = []
         self.index: dict[str, int] = {}
@@ -293,7 +295,7 @@ class TenantMatrix:
         # write still under way) have no lexical score yet.
         top = await self._cosines.finished(
             np.asarray(vectors, dtype=np.float32),
-            lambda cosines: _top_relevant(cosines, texts, index, k, retriever, self.cross_script),
+            lambda cosines: _top_relevant(cosines, texts, index, k, retriever, self.reach),
         )
         return [Scored(self.entries[i], r, d, lex) for i, r, d, lex in top]
 
@@ -304,7 +306,7 @@ def _top_relevant(
     index: LexicalIndex | None,
     k: int,
     retriever: str,
-    cross_script: tuple[bool, ...] = (),
+    reach: tuple[Reach, ...] = (),
 ) -> list[tuple[int, float, float, float]]:
     """(row, relevance, dense, lexical) of the `k` most relevant rows, from the (models,
     texts, rows) cosines of `texts` (the request, then its sub-goals); run in the dense pass's
@@ -313,10 +315,10 @@ def _top_relevant(
     parts = [
         TextScores(cosines[:, j], *_lexical(index, text, rows)) for j, text in enumerate(texts)
     ]
-    models, bm25, _ = parts[0]
+    models, bm25 = parts[0].dense, parts[0].lexical
     dense, lexical = models.mean(axis=0), normalised_lexical(bm25)
     if retriever == HYBRID:
-        relevance = hybrid_relevance(parts[0], parts[1:], cross_script)
+        relevance = hybrid_relevance(parts[0], parts[1:], reach)
     else:
         relevance = lexical if retriever == LEXICAL else dense
     top = top_k_indices(relevance, k)
@@ -335,13 +337,14 @@ def _top_relevant(
 
 def _lexical(
     index: LexicalIndex | None, text: str, rows: int
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """BM25 scores of `rows` entries and those in another script than `text`; the rows the
-    index does not cover yet (a write under way) score 0 and count as in the text's script."""
+) -> tuple[np.ndarray, np.ndarray | None, str]:
+    """BM25 scores of `rows` entries, those in another script than `text`, and its script; the
+    rows the index does not cover yet (a write under way) score 0 and count as in the text's
+    script."""
     if index is None:
-        return np.zeros(rows), None
-    scores, foreign = index.scored(text)
-    return _padded(scores, rows), None if foreign is None else _padded(foreign, rows)
+        return np.zeros(rows), None, script(text)
+    scores, foreign, text_script = index.scored(text)
+    return _padded(scores, rows), None if foreign is None else _padded(foreign, rows), text_script
 
 
 def _padded(scores: np.ndarray, rows: int) -> np.ndarray:
@@ -386,7 +389,7 @@ class CatalogIndex:
         self._embedder = embedder
         self.collections = collections_for(embedder.name)
         self._parts = part_dims(embedder)
-        self._cross_script = cross_script_parts(embedder)
+        self._reach = part_reach(embedder)
         self._cache: TenantCache[tuple[str, str], TenantMatrix] = TenantCache(
             "search.catalog", max_entries, _weight, busy=lambda key: self._writing(key[0])
         )
@@ -611,11 +614,11 @@ class CatalogIndex:
         finally:
             del self._loading[key]
         if load.stale:  # deleted meanwhile: serve nothing
-            return TenantMatrix(self._embedder.dim, self._parts, self._cross_script)
+            return TenantMatrix(self._embedder.dim, self._parts, self._reach)
         return self._cache.setdefault(key, matrix)
 
     async def _load(self, tenant: str, kind: str) -> TenantMatrix:
-        matrix = TenantMatrix(self._embedder.dim, self._parts, self._cross_script)
+        matrix = TenantMatrix(self._embedder.dim, self._parts, self._reach)
         points = await self._store.scan(self.collections[kind], {"tenant_id": tenant})
         if points:
             entries = [entry_of(dict(p.payload)) for p in points]
