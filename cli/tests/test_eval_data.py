@@ -85,7 +85,7 @@ def test_a_variant_of_requests_holds_the_reworded_queries_only(tmp_path: Path) -
 
 def test_the_probes_in_the_docs_name_tools_of_metatool() -> None:
     """The translations docs/benchmarks.md measures with: two disjoint sets of 40 MetaTool
-    tools and 40 ETOM tools; 70 ETOM and 42 MetaTool requests."""
+    tools and 40 ETOM tools, all of MetaTool's; 70 ETOM and 42 + 41 MetaTool requests."""
     probes = Path(__file__).parents[2] / "docs" / "probes"
     a = json.loads((probes / "metatool-descriptions-zh-a.json").read_text(encoding="utf-8"))
     b = json.loads((probes / "metatool-descriptions-zh-b.json").read_text(encoding="utf-8"))
@@ -97,3 +97,7 @@ def test_the_probes_in_the_docs_name_tools_of_metatool() -> None:
     assert sum(q.startswith("etom-L4-") for q in requests) == 30
     requests = json.loads((probes / "metatool-queries-zh.json").read_text(encoding="utf-8"))
     assert sorted(requests) == sorted(f"multi-{i}" for i in range(0, 497, 12))
+    again = json.loads((probes / "metatool-queries-zh-2.json").read_text(encoding="utf-8"))
+    assert sorted(again) == sorted(f"multi-{i}" for i in range(6, 497, 12))
+    whole = json.loads((probes / "metatool-descriptions-zh-all.json").read_text(encoding="utf-8"))
+    assert len(whole) == 199 and set(a) | set(b) < set(whole)
