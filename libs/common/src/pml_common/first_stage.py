@@ -90,8 +90,9 @@ _SUB_GOAL_BREAK = re.compile(
     r"|[，,、]\s*(?:之后|此后|最后|最终|再|最後に)",
     re.IGNORECASE,
 )
-#: Letters of the scripts written without spaces between words (Chinese, Japanese kana).
-_UNSPACED_RUN = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
+#: Letters of the scripts written without spaces between words (Japanese kana, Chinese).
+_UNSPACED_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_UNSPACED_RUN = re.compile(f"[{_UNSPACED_CHARS}]+")
 #: A Chinese word's mean length in characters: how a clause without spaces is counted in words.
 CHARS_PER_UNSPACED_WORD = 1.5
 #: Words a sub-goal has at least (fewer is a fragment: "thanks", "and finally").
@@ -107,7 +108,8 @@ BM25_B = 0.75
 
 _BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
-_CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
+#: Those and Korean Hangul, which is written with spaces.
+_CJK_CHARS = _UNSPACED_CHARS + "\uac00-\ud7af"
 _CJK_RUN = re.compile(f"[{_CJK_CHARS}]+")
 LATIN = "latin"
 CJK = "cjk"

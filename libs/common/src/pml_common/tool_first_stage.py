@@ -20,7 +20,6 @@ from numpy.typing import NDArray
 
 from pml_common.embedding import Embedder
 from pml_common.first_stage import (
-    LATIN,
     LexicalIndex,
     Reach,
     TextScores,
@@ -145,10 +144,10 @@ class FusedFirstStage:
         query = np.asarray(intent.vector, dtype=np.float64)
         dense = self._vectors @ (query / max(float(np.linalg.norm(query)), 1e-12))
         # SHGAT's embedder alone (USE by default) is taken to read across scripts.
-        bm25, foreign, _ = (
-            self._lexical.scored(intent.texts[0])
+        bm25, foreign = (
+            self._lexical.scored(intent.texts[0])[:2]
             if intent.texts
-            else (np.zeros(len(self.ids), np.float32), None, LATIN)
+            else (np.zeros(len(self.ids), np.float32), None)
         )
         return np.asarray(fused_relevance(dense, bm25, foreign), dtype=np.float64), None
 

@@ -124,7 +124,7 @@ async def read_tool_graph(
         tool_vectors={t.id: tool_vectors[i] for i, t in enumerate(tools)},
         catalog_vectors=catalog,
         catalog_parts=part_dims(tool_embedder) if tool_embedder is not None else (),
-        catalog_reach=(part_reach(tool_embedder) if tool_embedder is not None else ()),
+        catalog_reach=part_reach(tool_embedder) if tool_embedder is not None else (),
     )
 
 
