@@ -344,6 +344,8 @@ GATE_FIGURES = (
     "holdout_first_stage_mrr",
     "holdout_cross_fitted_recall_at_5",
     "holdout_cross_fitted_mrr",
+    "holdout_cross_fitted_first_stage_recall_at_5",
+    "out_of_fold_size",
 )
 
 
@@ -407,6 +409,8 @@ def judged_figures(record: scorer_pb2.CandidateFigures) -> dict[str, float]:
         "holdout_first_stage_mrr": record.first_stage_mrr,
         "holdout_cross_fitted_recall_at_5": record.cross_fitted_recall_at_5,
         "holdout_cross_fitted_mrr": record.cross_fitted_mrr,
+        "holdout_cross_fitted_first_stage_recall_at_5": record.cross_fitted_first_stage_recall_at_5,
+        "out_of_fold_size": float(record.out_of_fold_size),
     }
 
 

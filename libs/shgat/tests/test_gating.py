@@ -15,6 +15,7 @@ from pml_shgat.gating import (
     Corrections,
     Figures,
     Judged,
+    OutOfFold,
     better,
     choose_weight,
     choose_weights,
@@ -340,3 +341,77 @@ def test_the_cross_fitted_figures_are_each_halfs_served_scores_under_the_others_
     assert withdrawn.as_metrics()["holdout_cross_fitted_recall_at_5"] == (
         withdrawn.first_stage.recall_at_5
     )
+
+
+def _out_of_fold(count: int, points_at: int) -> OutOfFold:
+    """`count` executions the memory learned from, of tool 0 ranked as in `_one_moved_in_seventeen`,
+    scored by a memory fitted without them that points at tool `points_at`."""
+    judged, first, _ = _one_moved_in_seventeen(count)
+    memory = [np.eye(10)[points_at] for _ in judged]
+    return OutOfFold(first, Corrections(None, memory), judged)
+
+
+def test_out_of_fold_executions_confirm_a_memory_gain_the_held_back_halves_cannot() -> None:
+    """Sixteen held-back executions cannot confirm a gain of one of them (the test above); the
+    same rate of gains over the executions the memory learned from, each scored out of fold,
+    does, and the weights are chosen on them all."""
+    judged, first, correction = _one_moved_in_seventeen(16)
+    useless = [np.zeros(10) for _ in judged]
+    alone = judge(first, first, Corrections(useless, correction), judged, min_judged=3)
+    assert not alone.accepted and alone.out_of_fold == 0
+    verdict = judge(
+        first,
+        first,
+        Corrections(useless, correction),
+        judged,
+        min_judged=3,
+        out_of_fold=_out_of_fold(384, points_at=0),
+    )
+    assert verdict.accepted and verdict.weights.memory > 0.0 and verdict.weights.shgat == 0.0
+    assert verdict.out_of_fold == 384 and verdict.cross_fitted.count == 400
+    assert verdict.cross_fitted_first_stage.count == 400
+    assert verdict.cross_fitted.recall_at_5 == 1.0
+    assert verdict.candidate.count == 16  # the serving comparison stays on the held-back ones
+    assert verdict.as_metrics()["out_of_fold_size"] == 384.0
+
+
+def test_out_of_fold_executions_refuse_a_memory_gain_the_held_back_ones_alone_would_admit() -> None:
+    judged, first, correction = _one_moved_in_seventeen(400)
+    useless = [np.zeros(10) for _ in judged]
+    assert judge(first, first, Corrections(useless, correction), judged, min_judged=3).accepted
+    # on four times as many executions it did not learn from, the memory points elsewhere
+    verdict = judge(
+        first,
+        first,
+        Corrections(useless, correction),
+        judged,
+        min_judged=3,
+        out_of_fold=_out_of_fold(1600, points_at=1),
+    )
+    assert not verdict.accepted and verdict.weights == (0.0, 0.0, 0.0)
+
+
+def test_a_candidate_whose_shgat_gets_a_weight_is_judged_on_the_held_back_executions_alone() -> (
+    None
+):
+    """SHGAT learned from those executions: they cannot judge it, nor a sum it is part of."""
+    judged, first, correction = _one_moved_in_seventeen(400)
+    verdict = judge(
+        first,
+        first,
+        Corrections(correction, [np.zeros(10) for _ in judged]),
+        judged,
+        min_judged=3,
+        out_of_fold=_out_of_fold(1600, points_at=1),
+    )
+    assert verdict.accepted and verdict.weights.shgat > 0.0
+    assert verdict.out_of_fold == 0 and verdict.cross_fitted.count == 400
+    # out-of-fold executions must carry the corrections the candidate has, and only those
+    with pytest.raises(ValueError, match="out-of-fold"):
+        judge(
+            first,
+            first,
+            Corrections([np.zeros(10) for _ in judged]),
+            judged,
+            out_of_fold=_out_of_fold(20, points_at=0),
+        )

@@ -465,6 +465,9 @@ async def test_a_candidate_whose_memory_knows_these_users_is_published_with_it(
     assert m["accepted"] == 1.0, m
     assert m["memory_weight"] > 0.0 and m["correction_weight"] == 0.0
     assert m["memory_executions"] == len(remembered)
+    # the memory was also judged on the executions it learned from, each scored out of fold
+    assert m["out_of_fold_size"] == len(remembered)
+    assert m["holdout_cross_fitted_recall_at_5"] > m["holdout_cross_fitted_first_stage_recall_at_5"]
     assert _decisive(m, "candidate") > _decisive(m, "first_stage")
     current = await rig.registry.current(tenant)
     assert current is not None and current[0].version == record.version

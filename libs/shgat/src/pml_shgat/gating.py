@@ -18,6 +18,10 @@ the held-back executions ranked with the weights chosen on the other half
 Weights chosen on the executions they are judged on find gains in noise: over the 16 of a
 tenant with 80 executions, the best of the grid's 300 moved one or two of them into the top five,
 and the correction admitted on that served new queries no better (docs/benchmarks.md).
+The execution memory and the query adapter are cheap to fit again, so when SHGAT gets no weight
+their weights are chosen, and cross-fitted, on the held-back executions together with the
+executions they learned from, each scored by fits made without it (`OutOfFold`): about five times
+the evidence, which a gain of a point on a tenant's new work needs.
 
 The serving version is judged again at every round, on the held-back executions of the time
 (which no version trained on). When the first stage alone ranks them better than it, the new
@@ -113,7 +117,7 @@ class Weights(NamedTuple):
 class Corrections(NamedTuple):
     """Per execution, each correction's score vector (None: the candidate has no such one)."""
 
-    shgat: Sequence[FloatArray]
+    shgat: Sequence[FloatArray] | None
     memory: Sequence[FloatArray] | None = None
     adapter: Sequence[FloatArray] | None = None
 
@@ -125,6 +129,43 @@ class Judged:
     relevant: tuple[int, ...]  # distinct, in the order of the path; the first is the first step
     #: No execution the candidate trained on ran this set of tools.
     novel: bool = False
+
+
+@dataclass(frozen=True)
+class OutOfFold:
+    """Executions the candidate's execution memory and query adapter were fitted on, each scored
+    by a memory and an adapter fitted without it (K-fold, `pml_trainer.corrections`), and marked
+    novel when no execution of those fits ran its set of tools. SHGAT is not refitted so, so they
+    judge those two corrections only, beside the held-back executions."""
+
+    first_stage: Sequence[FloatArray]
+    #: `shgat` is None: these executions trained it.
+    corrections: Corrections
+    judged: Sequence[Judged]
+
+    def pooled_with(
+        self, first_stage: Sequence[FloatArray], candidate: Corrections, judged: Sequence[Judged]
+    ) -> Trials:
+        """The `Trials` of the held-back executions and these together, SHGAT at weight 0."""
+        if (candidate.memory is None) != (self.corrections.memory is None) or (
+            candidate.adapter is None
+        ) != (self.corrections.adapter is None):
+            raise ValueError("out-of-fold executions must carry the candidate's corrections")
+        return Trials.of(
+            [*first_stage, *self.first_stage],
+            Corrections(
+                None,
+                _joined(candidate.memory, self.corrections.memory),
+                _joined(candidate.adapter, self.corrections.adapter),
+            ),
+            [*judged, *self.judged],
+        )
+
+
+def _joined(
+    held: Sequence[FloatArray] | None, more: Sequence[FloatArray] | None
+) -> list[FloatArray] | None:
+    return None if held is None or more is None else [*held, *more]
 
 
 @dataclass(frozen=True)
@@ -293,7 +334,7 @@ class Trials:
                 itertools.starmap(
                     Weights,
                     itertools.product(
-                        grid,
+                        grid if corrections.shgat is not None else (0.0,),
                         grid if corrections.memory is not None else (0.0,),
                         ADAPTER_GRID if corrections.adapter is not None else (0.0,),
                     ),
@@ -373,8 +414,12 @@ class Verdict:
     #: The same three on the novel held-back executions alone.
     novel_candidate: Figures = EMPTY
     novel_first_stage: Figures = EMPTY
-    #: The candidate's figures with each half's weights chosen on the other half.
+    #: The candidate's figures with each half's weights chosen on the other half, and the first
+    #: stage's on the same executions (the held-back ones, and the out-of-fold ones when used).
     cross_fitted: Figures = EMPTY
+    cross_fitted_first_stage: Figures = EMPTY
+    #: Out-of-fold executions the memory's and the adapter's weights were judged on as well.
+    out_of_fold: int = 0
 
     def as_metrics(self) -> dict[str, float]:
         return {
@@ -389,6 +434,8 @@ class Verdict:
             **self.novel_candidate.as_metrics("holdout_novel_candidate_"),
             **self.novel_first_stage.as_metrics("holdout_novel_first_stage_"),
             **self.cross_fitted.as_metrics("holdout_cross_fitted_"),
+            **self.cross_fitted_first_stage.as_metrics("holdout_cross_fitted_first_stage_"),
+            "out_of_fold_size": float(self.out_of_fold),
         }
 
 
@@ -399,6 +446,7 @@ def judge(
     judged: Sequence[Judged],
     min_judged: int = 1,
     fresher: bool = False,
+    out_of_fold: OutOfFold | None = None,
 ) -> Verdict:
     """Admit the candidate (its `corrections`) only if, with its best weights, it beats the
     serving combination on the held-back executions `judged` and, cross-fitted
@@ -409,17 +457,30 @@ def judge(
     the serving combination and, cross-fitted, beats the first stage (`FRESHER`).
 
     `serving` are the scores served now (the first stage itself before any version was
-    admitted).
+    admitted). `out_of_fold`: when the best weights give SHGAT none, the memory's and the
+    adapter's weights are chosen, and cross-fitted against the first stage, on the held-back
+    executions and these together (on ETOM's folds, five times as many: halves of 34 held-back
+    executions could not tell a gain of one point from noise, docs/benchmarks.md); the
+    comparison with the serving version stays on the held-back executions, which it did not
+    learn from either.
     """
     ranked = Trials.of(first_stage, candidate, judged)
     chosen = ranked.choose(ranked.everyone)
+    pooled = (
+        out_of_fold.pooled_with(first_stage, candidate, judged)
+        if out_of_fold is not None and out_of_fold.judged and not ranked.weights[chosen].shgat
+        else None
+    )
+    if pooled is not None:
+        chosen = ranked.weights.index(pooled.weights[pooled.choose(pooled.everyone)])
     weights, cand, base = ranked.weights[chosen], ranked.figures(chosen), ranked.figures(0)
     now = figures(serving, judged)
-    unseen = ranked.cross_fitted()
+    checked = pooled if pooled is not None else ranked
+    unseen, unseen_base = checked.cross_fitted(), checked.figures(0)
     if len(judged) < min_judged:
         reason, accepted = f"{len(judged)} held-back executions, {min_judged} needed", False
     elif not better(cand, now):
-        accepted = fresher and not better(now, cand, surely=True) and better(unseen, base)
+        accepted = fresher and not better(now, cand, surely=True) and better(unseen, unseen_base)
         reason = (
             FRESHER if accepted else "not better than the serving version on held-back executions"
         )
@@ -427,7 +488,7 @@ def judge(
         # The candidate is the first stage itself, and it beats what is served: the serving
         # version was admitted on fewer or other held-back executions and no longer holds.
         reason, accepted = WITHDRAWN, True
-    elif better(unseen, base):
+    elif better(unseen, unseen_base):
         reason, accepted = "better than the serving version and the first stage", True
     elif better(base, now):
         # What is served no longer holds either, and the candidate's gain over the first stage
@@ -447,6 +508,8 @@ def judge(
         ranked.figures(chosen, novel),
         ranked.figures(0, novel),
         unseen,
+        unseen_base,
+        len(out_of_fold.judged) if pooled is not None and out_of_fold is not None else 0,
     )
 
 

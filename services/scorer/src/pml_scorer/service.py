@@ -233,6 +233,11 @@ def _candidate(record: ModelRecord) -> scorer_pb2.CandidateFigures:
         cross_fitted_mrr=m.get("holdout_cross_fitted_mrr", 0.0),
         traces_seen=int(m.get("traces_seen", 0)),
         holdout_novel_size=int(m.get("holdout_novel_size", 0)),
+        cross_fitted_first_stage_recall_at_5=m.get(
+            "holdout_cross_fitted_first_stage_recall_at_5", 0.0
+        ),
+        cross_fitted_first_stage_mrr=m.get("holdout_cross_fitted_first_stage_mrr", 0.0),
+        out_of_fold_size=int(m.get("out_of_fold_size", 0)),
     )
 
 

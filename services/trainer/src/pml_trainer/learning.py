@@ -10,7 +10,9 @@ each batch the sampled traces get new priorities from their TD error,
 Gate: a trained candidate is published only if it ranks the executed tools of held-back
 executions (`holdout`, traces no version trained on) better than the serving version and the
 untrained first stage (`pml_shgat.gating`), with the corrections' weights chosen on the same
-set (and barred from hurting the held-back executions whose tool set the buffer never ran);
+set (and barred from hurting the held-back executions whose tool set the buffer never ran;
+the memory's and the adapter's also on the traces they learned from, scored out of fold,
+`pml_trainer.corrections`);
 else it is kept in the registry as the tenant's last rejected candidate, with its figures, and
 the serving version stays.
 
@@ -46,11 +48,18 @@ from pml_common.lease_lock import Lease, LeaseLock
 from pml_common.model_registry import ModelRecord, ModelRegistry, StaleFencingToken
 from pml_common.tool_first_stage import Intent, embed_intents
 from pml_common.tool_graph import ToolGraph, read_tool_graph
-from pml_shgat import adapter as query_adapter
 from pml_shgat.adapter import QueryAdapter
-from pml_shgat.gating import FRESHER_GROWTH, Corrections, Judged, Verdict, judge, tool_scores
+from pml_shgat.gating import (
+    FRESHER_GROWTH,
+    Corrections,
+    Judged,
+    OutOfFold,
+    Verdict,
+    judge,
+    tool_scores,
+)
 from pml_shgat.hierarchy import Hierarchy
-from pml_shgat.memory import CAPACITY, Execution, MemoryRanker, ServedMemory, fit
+from pml_shgat.memory import CAPACITY, ServedMemory
 from pml_shgat.params import Params, ShgatConfig, from_bytes, init_params, make_config, to_bytes
 from pml_shgat.serving import ServingModel
 from pml_shgat.training import (
@@ -60,6 +69,7 @@ from pml_shgat.training import (
     make_batch,
     path_examples,
 )
+from pml_trainer.corrections import Fitted, fit_corrections
 from pml_trainer.evaluation import TenantView, build_view, hierarchy_of, without_workflows
 from pml_trainer.handlers import Publisher
 from pml_trainer.holdout import HoldOut
@@ -277,7 +287,8 @@ class LearningLoop:
         `remembered`: the traces the candidate's execution memory and query adapter are fitted
         on (none: the candidate has neither)."""
         serving = await asyncio.to_thread(build_view, graph, hierarchy, published)
-        ranker, adapter = await self._fit_corrections(serving, graph, remembered)
+        fitted = await self._fit_corrections(serving, graph, remembered)
+        ranker, adapter = fitted.memory, fitted.adapter
         memory = (
             ranker.serve(hierarchy.tool_ids, graph.servers_of(hierarchy.tool_ids))
             if ranker
@@ -293,6 +304,7 @@ class LearningLoop:
             memory,
             _fresher(metrics, published),
             adapter,
+            fitted.out_of_fold,
         )
         _check(lease, None)
         figures = {
@@ -343,6 +355,7 @@ class LearningLoop:
         memory: ServedMemory | None = None,
         fresher: bool = False,
         adapter: QueryAdapter | None = None,
+        out_of_fold: OutOfFold | None = None,
     ) -> Verdict:
         """Judge a candidate (SHGAT `params`, and its execution `memory` and query `adapter` when
         it has them) against the serving view on the tenant's held-back executions (`fresher`:
@@ -352,7 +365,9 @@ class LearningLoop:
         A novel one (no trace in the replay buffer ran its set of tools) is judged as new work:
         without the capabilities that run exactly its tools (`without_workflows`), since work
         of a new kind has no capability yet, and a correction that only recalls registered
-        workflows must not pass for one that generalizes."""
+        workflows must not pass for one that generalizes. `out_of_fold`: the memory's and the
+        adapter's scores of the traces they were fitted on, each by fits made without it
+        (`pml_trainer.corrections`), judged beside the held-back executions."""
         traces: list[Trace] = []
         judged: list[Judged] = []
         trained = await self._buffer.tool_sets(tenant)
@@ -378,31 +393,20 @@ class LearningLoop:
             judged,
             self._config.min_holdout,
             fresher,
+            out_of_fold,
         )
 
     async def _fit_corrections(
         self, view: TenantView, graph: ToolGraph, traces: Sequence[Trace]
-    ) -> tuple[MemoryRanker | None, QueryAdapter | None]:
-        """The execution memory of `traces` (fitted leave-one-out on their first-stage ranking)
-        and their query adapter (without a tool embedder, none)."""
-        if not traces:
-            return None, None
+    ) -> Fitted:
+        """The execution memory and query adapter of `traces`, and their out-of-fold scores
+        (`pml_trainer.corrections`)."""
         intents = await embed_intents(
             [t.intent for t in traces], self._embedder, self._tool_embedder
         )
-        executions = [
-            Execution(np.asarray(i.vector, np.float32), tuple(t.path))
-            for t, i in zip(traces, intents, strict=True)
-        ]
-
-        def memory() -> MemoryRanker | None:
-            ids = view.hierarchy.tool_ids
-            first = [view.first_stage(i) for i in intents]
-            return fit(executions, first, ids, graph.servers_of(ids))
-
-        ranker = await asyncio.to_thread(memory)
         rng = np.random.default_rng(int(self._rng.integers(2**32)))  # the thread's own
-        return ranker, await asyncio.to_thread(_fit_adapter, view, traces, intents, rng)
+        servers = graph.servers_of(view.hierarchy.tool_ids)
+        return await asyncio.to_thread(fit_corrections, view, servers, traces, intents, rng)
 
     async def _intents(self, texts: list[str]) -> list[np.ndarray]:
         unique = list(dict.fromkeys(texts))
@@ -492,13 +496,14 @@ def _judge(
     judged: Sequence[Judged],
     min_judged: int,
     fresher: bool,
+    out_of_fold: OutOfFold | None = None,
 ) -> Verdict:
     """The verdict, novel executions scored in the `unseen` view (same tools, same order, same
     first stage: each intent's first-stage scores are computed once)."""
     candidate = ServingModel(config, params, serving.hierarchy)
     blind = candidate if unseen is serving else ServingModel(config, params, unseen.hierarchy)
     views = [(unseen, blind) if j.novel else (serving, candidate) for j in judged]
-    # the candidate's adapter was fitted on this view's catalog (`_fit_adapter`)
+    # the candidate's adapter was fitted on this view's catalog (`corrections.fit_adapter`)
     pairs = [
         serving.baseline.scores_adapted(i, adapter.adapt if adapter else None) for i in intents
     ]
@@ -526,33 +531,7 @@ def _judge(
         judged=judged,
         min_judged=min_judged,
         fresher=fresher,
-    )
-
-
-def _fit_adapter(
-    view: TenantView,
-    traces: Sequence[Trace],
-    intents: Sequence[Intent],
-    rng: np.random.Generator,
-) -> QueryAdapter | None:
-    """The query adapter of `traces` over the tenant's catalog (`pml_shgat.adapter`); None
-    without the tool embedder's vectors."""
-    catalog = view.baseline.catalog
-    if catalog is None or not view.baseline.parts:
-        return None
-    known = [
-        (
-            i.text_vectors[0],
-            [t for t in map(view.hierarchy.node_index, trace.path) if t is not None],
-        )
-        for trace, i in zip(traces, intents, strict=True)
-        if i.text_vectors is not None and len(i.text_vectors)
-    ]
-    if not known:
-        return None
-    tools = [[t for t in found if view.hierarchy.is_tool(t)] for _, found in known]
-    return query_adapter.fit(
-        np.stack([vector for vector, _ in known]), tools, catalog, view.baseline.parts, rng
+        out_of_fold=out_of_fold,
     )
 
 
