@@ -415,3 +415,28 @@ def test_a_candidate_whose_shgat_gets_a_weight_is_judged_on_the_held_back_execut
             judged,
             out_of_fold=_out_of_fold(20, points_at=0),
         )
+
+
+def _first_step_moved_up(
+    count: int, moved: int
+) -> tuple[list[Judged], list[np.ndarray], list[np.ndarray]]:
+    """`count` executions of tool 0, which the first stage ranks second; a correction moves it
+    first in the first `moved` of them (so in both alternate halves) and changes nothing in the
+    others (recall@5 is the same)."""
+    judged = [Judged((0,)) for _ in range(count)]
+    first = [_ranking([1, 0, 2, 3]) for _ in judged]
+    correction = [np.eye(10)[0] * (i < moved) for i in range(count)]
+    return judged, first, correction
+
+
+def test_against_the_first_stage_a_first_step_gain_within_the_noise_admits_nothing() -> None:
+    """Cross-fitted, the candidate ties the first stage's recall@5 and moves the first step up in
+    two executions of forty: within two standard errors of the paired difference, not a gain."""
+    judged, first, correction = _first_step_moved_up(40, 2)
+    verdict = judge(first, first, Corrections(correction), judged, min_judged=3)
+    assert verdict.cross_fitted.recall_at_5 == verdict.cross_fitted_first_stage.recall_at_5
+    assert verdict.cross_fitted.mrr > verdict.cross_fitted_first_stage.mrr + 0.02
+    assert not verdict.accepted
+    # moved up in half of them, it is one
+    judged, first, correction = _first_step_moved_up(40, 20)
+    assert judge(first, first, Corrections(correction), judged, min_judged=3).accepted

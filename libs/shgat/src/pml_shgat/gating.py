@@ -450,7 +450,10 @@ def judge(
 ) -> Verdict:
     """Admit the candidate (its `corrections`) only if, with its best weights, it beats the
     serving combination on the held-back executions `judged` and, cross-fitted
-    (`Trials.cross_fitted`), the first stage alone; or if its best weights are 0 and the first
+    (`Trials.cross_fitted`), the first stage alone (a tie of recall@5 broken by the first steps
+    only beyond their noise, `better(surely=True)`: over a tenant's first hundred executions,
+    first steps moved up in a few of them decided admissions that ranked new work no better,
+    docs/benchmarks.md); or if its best weights are 0 and the first
     stage alone beats the serving combination, or the first stage beats it and the candidate
     does not beat the first stage cross-fitted (`WITHDRAWN`: published with weights 0); or if it
     is `fresher` (learned from `FRESHER_GROWTH` times the serving version's executions), ties
@@ -480,7 +483,11 @@ def judge(
     if len(judged) < min_judged:
         reason, accepted = f"{len(judged)} held-back executions, {min_judged} needed", False
     elif not better(cand, now):
-        accepted = fresher and not better(now, cand, surely=True) and better(unseen, unseen_base)
+        accepted = (
+            fresher
+            and not better(now, cand, surely=True)
+            and better(unseen, unseen_base, surely=True)
+        )
         reason = (
             FRESHER if accepted else "not better than the serving version on held-back executions"
         )
@@ -488,7 +495,7 @@ def judge(
         # The candidate is the first stage itself, and it beats what is served: the serving
         # version was admitted on fewer or other held-back executions and no longer holds.
         reason, accepted = WITHDRAWN, True
-    elif better(unseen, unseen_base):
+    elif better(unseen, unseen_base, surely=True):
         reason, accepted = "better than the serving version and the first stage", True
     elif better(base, now):
         # What is served no longer holds either, and the candidate's gain over the first stage
