@@ -365,7 +365,7 @@ def test_out_of_fold_executions_confirm_a_memory_gain_the_held_back_halves_canno
         Corrections(useless, correction),
         judged,
         min_judged=3,
-        out_of_fold=_out_of_fold(384, points_at=0),
+        out_of_fold=lambda: _out_of_fold(384, points_at=0),
     )
     assert verdict.accepted and verdict.weights.memory > 0.0 and verdict.weights.shgat == 0.0
     assert verdict.out_of_fold == 384 and verdict.cross_fitted.count == 400
@@ -386,7 +386,7 @@ def test_out_of_fold_executions_refuse_a_memory_gain_the_held_back_ones_alone_wo
         Corrections(useless, correction),
         judged,
         min_judged=3,
-        out_of_fold=_out_of_fold(1600, points_at=1),
+        out_of_fold=lambda: _out_of_fold(1600, points_at=1),
     )
     assert not verdict.accepted and verdict.weights == (0.0, 0.0, 0.0)
 
@@ -396,15 +396,21 @@ def test_a_candidate_whose_shgat_gets_a_weight_is_judged_on_the_held_back_execut
 ):
     """SHGAT learned from those executions: they cannot judge it, nor a sum it is part of."""
     judged, first, correction = _one_moved_in_seventeen(400)
+    asked: list[OutOfFold] = []
+
+    def scored() -> OutOfFold:  # the fits cost several rounds' worth: only when they can count
+        asked.append(_out_of_fold(1600, points_at=1))
+        return asked[-1]
+
     verdict = judge(
         first,
         first,
         Corrections(correction, [np.zeros(10) for _ in judged]),
         judged,
         min_judged=3,
-        out_of_fold=_out_of_fold(1600, points_at=1),
+        out_of_fold=scored,
     )
-    assert verdict.accepted and verdict.weights.shgat > 0.0
+    assert verdict.accepted and verdict.weights.shgat > 0.0 and not asked
     assert verdict.out_of_fold == 0 and verdict.cross_fitted.count == 400
     # out-of-fold executions must carry the corrections the candidate has, and only those
     with pytest.raises(ValueError, match="out-of-fold"):
@@ -413,7 +419,7 @@ def test_a_candidate_whose_shgat_gets_a_weight_is_judged_on_the_held_back_execut
             first,
             Corrections([np.zeros(10) for _ in judged]),
             judged,
-            out_of_fold=_out_of_fold(20, points_at=0),
+            out_of_fold=lambda: _out_of_fold(20, points_at=0),
         )
 
 

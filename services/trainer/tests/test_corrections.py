@@ -50,7 +50,8 @@ def test_each_execution_is_scored_by_corrections_fitted_without_its_fold() -> No
     traces, intents = _executions(rng, 23)
     fitted = fit_corrections(view, servers, traces, intents, np.random.default_rng(0))
     assert fitted.memory is not None and fitted.adapter is not None
-    oof = fitted.out_of_fold
+    assert fitted.out_of_fold is not None
+    oof = fitted.out_of_fold()
     assert oof is not None and oof.corrections.shgat is None
     assert oof.corrections.memory is not None and oof.corrections.adapter is not None
     order = [i for fold in range(FOLDS) for i in range(23)[fold::FOLDS]]
@@ -79,6 +80,7 @@ def test_too_few_executions_give_no_out_of_fold_scores_and_none_no_corrections()
     view, servers = _view(rng)
     traces, intents = _executions(rng, FOLDS - 1)
     fitted = fit_corrections(view, servers, traces, intents, rng)
-    assert fitted.memory is not None and fitted.out_of_fold is None
+    assert fitted.memory is not None and fitted.out_of_fold is not None
+    assert fitted.out_of_fold() is None
     empty = fit_corrections(view, servers, [], [], rng)
     assert empty.memory is empty.adapter is empty.out_of_fold is None

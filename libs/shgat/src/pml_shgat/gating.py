@@ -47,7 +47,7 @@ Everything here is pure numpy over score vectors (one score per tool, in hierarc
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -446,7 +446,7 @@ def judge(
     judged: Sequence[Judged],
     min_judged: int = 1,
     fresher: bool = False,
-    out_of_fold: OutOfFold | None = None,
+    out_of_fold: Callable[[], OutOfFold | None] | None = None,
 ) -> Verdict:
     """Admit the candidate (its `corrections`) only if, with its best weights, it beats the
     serving combination on the held-back executions `judged` and, cross-fitted
@@ -460,20 +460,17 @@ def judge(
     the serving combination and, cross-fitted, beats the first stage (`FRESHER`).
 
     `serving` are the scores served now (the first stage itself before any version was
-    admitted). `out_of_fold`: when the best weights give SHGAT none, the memory's and the
-    adapter's weights are chosen, and cross-fitted against the first stage, on the held-back
-    executions and these together (on ETOM's folds, five times as many: halves of 34 held-back
-    executions could not tell a gain of one point from noise, docs/benchmarks.md); the
-    comparison with the serving version stays on the held-back executions, which it did not
-    learn from either.
+    admitted). `out_of_fold`, called only when the best weights give SHGAT none: the
+    memory's and the adapter's weights are then chosen, and cross-fitted against the first
+    stage, on the held-back executions and those it gives together (on ETOM's folds, five times
+    as many: halves of 34 held-back executions could not tell a gain of one point from noise,
+    docs/benchmarks.md); the comparison with the serving version stays on the held-back
+    executions, which it did not learn from either.
     """
     ranked = Trials.of(first_stage, candidate, judged)
     chosen = ranked.choose(ranked.everyone)
-    pooled = (
-        out_of_fold.pooled_with(first_stage, candidate, judged)
-        if out_of_fold is not None and out_of_fold.judged and not ranked.weights[chosen].shgat
-        else None
-    )
+    extra = out_of_fold() if out_of_fold is not None and not ranked.weights[chosen].shgat else None
+    pooled = extra.pooled_with(first_stage, candidate, judged) if extra and extra.judged else None
     if pooled is not None:
         chosen = ranked.weights.index(pooled.weights[pooled.choose(pooled.everyone)])
     weights, cand, base = ranked.weights[chosen], ranked.figures(chosen), ranked.figures(0)
@@ -516,7 +513,7 @@ def judge(
         ranked.figures(0, novel),
         unseen,
         unseen_base,
-        len(out_of_fold.judged) if pooled is not None and out_of_fold is not None else 0,
+        len(extra.judged) if pooled is not None and extra is not None else 0,
     )
 
 

@@ -2,16 +2,19 @@
 
 A round fits an execution memory (`pml_shgat.memory`) and a query adapter (`pml_shgat.adapter`)
 on the replay buffer's newest traces. Both take seconds to fit, so each of the newest
-`OUT_OF_FOLD_LIMIT` traces is also scored by a memory and an adapter fitted on the traces of the
-other `FOLDS` − 1 folds: what the two corrections are worth on executions they did not learn
-from, with about four times as many executions as the held-back set holds
+`OUT_OF_FOLD_LIMIT` traces can also be scored by a memory and an adapter fitted on the other
+`FOLDS` − 1 folds of those traces: what the two corrections are worth on executions they did not
+learn from, with about four times as many executions as the held-back set holds
 (`pml_shgat.gating.OutOfFold`). SHGAT would need a training run per fold, so its correction is
-judged on the held-back executions alone, as before.
+judged on the held-back executions alone, and the gate asks for these scores only when it gives
+SHGAT no weight: the five fits cost about four times the round's own (35 against 8 s for 344
+traces over 2,375 tools, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -26,18 +29,19 @@ from pml_trainer.replay_buffer import Trace
 
 #: Folds of the out-of-fold scoring: each fit leaves a fifth of the traces out.
 FOLDS = 5
-#: Newest traces scored out of fold (each fold's fits still learn from all the others): bounds
-#: the round's cost on a tenant with a full memory.
+#: Newest traces scored out of fold, and learned from by each fold's fits: bounds the round's
+#: cost on a tenant with a full memory.
 OUT_OF_FOLD_LIMIT = 500
 
 
 @dataclass(frozen=True)
 class Fitted:
-    """A round's cheap corrections, fitted on all its traces, and their out-of-fold scores."""
+    """A round's cheap corrections, fitted on all its traces, and how to score them out of fold
+    (computed when called: CPU work, for the gate's thread)."""
 
     memory: MemoryRanker | None
     adapter: QueryAdapter | None
-    out_of_fold: OutOfFold | None
+    out_of_fold: Callable[[], OutOfFold | None] | None
 
 
 def fit_corrections(
@@ -48,8 +52,8 @@ def fit_corrections(
     rng: np.random.Generator,
 ) -> Fitted:
     """The execution memory of `traces` (fitted leave-one-out on their first-stage ranking), their
-    query adapter (none without a tool embedder), and both scored out of fold; `servers`: the
-    server of each of the view's tools. CPU work: run it in a thread."""
+    query adapter (none without a tool embedder), and how to score both out of fold; `servers`:
+    the server of each of the view's tools. CPU work: run it in a thread."""
     if not traces:
         return Fitted(None, None, None)
     ids = view.hierarchy.tool_ids
@@ -63,7 +67,8 @@ def fit_corrections(
     if memory is None and adapter is None:
         return Fitted(None, None, None)
     scored = _OutOfFold(view, servers, traces, intents, executions, first)
-    return Fitted(memory, adapter, scored.run(memory is not None, adapter is not None, rng))
+    run = functools.partial(scored.run, memory is not None, adapter is not None, rng)
+    return Fitted(memory, adapter, run)
 
 
 def fit_adapter(
@@ -107,11 +112,8 @@ class _OutOfFold:
         `adapter`: those the candidate has) fitted without its fold; None when there are fewer
         than `FOLDS` such traces."""
         count = len(self.traces)
-        newest = [
-            i
-            for i in range(max(0, count - OUT_OF_FOLD_LIMIT), count)
-            if self.view.judged(self.traces[i]) is not None
-        ]
+        window = range(max(0, count - OUT_OF_FOLD_LIMIT), count)
+        newest = [i for i in window if self.view.judged(self.traces[i]) is not None]
         if len(newest) < FOLDS:
             return None
         first: list[FloatArray] = []
@@ -121,7 +123,7 @@ class _OutOfFold:
         for fold in range(FOLDS):
             scored = newest[fold::FOLDS]
             left_out = set(scored)
-            others = [i for i in range(count) if i not in left_out]
+            others = [i for i in window if i not in left_out]
             served = self._memory(others) if memory else None
             mapper = self._adapter(others, rng) if adapter else None
             trained = {frozenset(self.traces[i].path) for i in others}

@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -355,7 +355,7 @@ class LearningLoop:
         memory: ServedMemory | None = None,
         fresher: bool = False,
         adapter: QueryAdapter | None = None,
-        out_of_fold: OutOfFold | None = None,
+        out_of_fold: Callable[[], OutOfFold | None] | None = None,
     ) -> Verdict:
         """Judge a candidate (SHGAT `params`, and its execution `memory` and query `adapter` when
         it has them) against the serving view on the tenant's held-back executions (`fresher`:
@@ -365,9 +365,10 @@ class LearningLoop:
         A novel one (no trace in the replay buffer ran its set of tools) is judged as new work:
         without the capabilities that run exactly its tools (`without_workflows`), since work
         of a new kind has no capability yet, and a correction that only recalls registered
-        workflows must not pass for one that generalizes. `out_of_fold`: the memory's and the
-        adapter's scores of the traces they were fitted on, each by fits made without it
-        (`pml_trainer.corrections`), judged beside the held-back executions."""
+        workflows must not pass for one that generalizes. `out_of_fold`: computes the memory's
+        and the adapter's scores of the traces they were fitted on, each by fits made without it
+        (`pml_trainer.corrections`), judged beside the held-back executions when SHGAT gets no
+        weight."""
         traces: list[Trace] = []
         judged: list[Judged] = []
         trained = await self._buffer.tool_sets(tenant)
@@ -496,7 +497,7 @@ def _judge(
     judged: Sequence[Judged],
     min_judged: int,
     fresher: bool,
-    out_of_fold: OutOfFold | None = None,
+    out_of_fold: Callable[[], OutOfFold | None] | None = None,
 ) -> Verdict:
     """The verdict, novel executions scored in the `unseen` view (same tools, same order, same
     first stage: each intent's first-stage scores are computed once)."""
