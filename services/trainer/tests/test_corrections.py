@@ -8,7 +8,7 @@ from pml_common.first_stage import Reach
 from pml_common.tool_first_stage import Intent
 from pml_common.tool_graph import GraphTool, ToolGraph
 from pml_shgat.memory import Execution, fit
-from pml_trainer.corrections import FOLDS, fit_adapter, fit_corrections
+from pml_trainer.corrections import FOLDS, MIN_OUT_OF_FOLD, fit_adapter, fit_corrections
 from pml_trainer.evaluation import TenantView, build_view, hierarchy_of
 from pml_trainer.replay_buffer import Trace
 
@@ -47,20 +47,20 @@ def _executions(rng: np.random.Generator, count: int) -> tuple[list[Trace], list
 def test_each_execution_is_scored_by_corrections_fitted_without_its_fold() -> None:
     rng = np.random.default_rng(3)
     view, servers = _view(rng)
-    traces, intents = _executions(rng, 23)
+    traces, intents = _executions(rng, 28)
     fitted = fit_corrections(view, servers, traces, intents, np.random.default_rng(0))
     assert fitted.memory is not None and fitted.adapter is not None
     assert fitted.out_of_fold is not None
     oof = fitted.out_of_fold()
     assert oof is not None and oof.corrections.shgat is None
     assert oof.corrections.memory is not None and oof.corrections.adapter is not None
-    order = [i for fold in range(FOLDS) for i in range(23)[fold::FOLDS]]
-    assert len(oof.judged) == len(order) == 23
+    order = [i for fold in range(FOLDS) for i in range(28)[fold::FOLDS]]
+    assert len(oof.judged) == len(order) == 28
     ids = view.hierarchy.tool_ids
     first = [view.first_stage(i) for i in intents]
     executions = [Execution(i.vector, tuple(t.path)) for t, i in zip(traces, intents, strict=True)]
     for row, i in enumerate(order):
-        others = [j for j in range(23) if j % FOLDS != i % FOLDS]
+        others = [j for j in range(28) if j % FOLDS != i % FOLDS]
         memory = fit([executions[j] for j in others], [first[j] for j in others], ids, servers)
         assert memory is not None
         expected = memory.serve(ids, servers).correction(first[i], intents[i].vector)
@@ -72,13 +72,13 @@ def test_each_execution_is_scored_by_corrections_fitted_without_its_fold() -> No
         np.testing.assert_allclose(oof.corrections.adapter[row], adapted - first[i], atol=1e-6)
         np.testing.assert_array_equal(oof.first_stage[row], first[i])
         # novel: no trace of the fits ran its set of tools (the last trace's pair is run once)
-        assert oof.judged[row].novel == (i == 22)
+        assert oof.judged[row].novel == (i == 27)
 
 
 def test_too_few_executions_give_no_out_of_fold_scores_and_none_no_corrections() -> None:
     rng = np.random.default_rng(4)
     view, servers = _view(rng)
-    traces, intents = _executions(rng, FOLDS - 1)
+    traces, intents = _executions(rng, MIN_OUT_OF_FOLD - 1)
     fitted = fit_corrections(view, servers, traces, intents, rng)
     assert fitted.memory is not None and fitted.out_of_fold is not None
     assert fitted.out_of_fold() is None

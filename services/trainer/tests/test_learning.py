@@ -122,10 +122,11 @@ async def rig(
 
 
 async def _add_traces(rig: Rig, tenant: str) -> None:
-    """Every intent learned; the backups, run again, are held back: the first stage ranks
-    reading the file, their first step, below writing it, so the executions' lesson shows there
-    beyond the noise of a few executions (the other capabilities' first steps are the first
-    stage's top tools already: held back, they would only say the correction ties it)."""
+    """Every intent learned; the backups, run again four times each, are held back: the first
+    stage ranks reading the file, their first step, below writing it, so the executions' lesson
+    shows there beyond the noise of a few executions (the other capabilities' first steps are
+    the first stage's top tools already: held back, they would only say the correction ties
+    it)."""
     spec = {c.id: c for c in CAPABILITIES}
     for cap, intents in INTENTS.items():
         for j, intent in enumerate(intents):
@@ -137,8 +138,8 @@ async def _add_traces(rig: Rig, tenant: str) -> None:
                 capability_id=cap,
             )
             assert await rig.buffer.add(tenant, trace)
-            if cap == "backup":
-                again = trace.model_copy(update={"trace_id": f"{cap}-{j}-held"})
+            for copy in range(4 if cap == "backup" else 0):
+                again = trace.model_copy(update={"trace_id": f"{cap}-{j}-held-{copy}"})
                 await rig.holdout.hold(tenant, again)
 
 
@@ -447,7 +448,9 @@ async def test_a_candidate_whose_memory_knows_these_users_is_published_with_it(
         Trace(trace_id=f"seen-{cap}-{j}", intent=intent, path=spec[SHIFTED[cap]].tools, outcome=1)
         for cap, intents in INTENTS.items()
         for j, intent in enumerate(intents)
-        for _ in range(3)  # each habit seen three times: still two others when one is left out
+        # each habit seen five times: still four others when one is left out, and enough
+        # executions to be scored out of fold (`corrections.MIN_OUT_OF_FOLD`)
+        for _ in range(5)
     ]
     remembered = [
         t.model_copy(update={"trace_id": f"{t.trace_id}-{i}"}) for i, t in enumerate(remembered)

@@ -32,6 +32,10 @@ FOLDS = 5
 #: Newest traces scored out of fold, and learned from by each fold's fits: bounds the round's
 #: cost on a tenant with a full memory.
 OUT_OF_FOLD_LIMIT = 500
+#: Fewest traces scored out of fold: below five per fold, a fit on four fifths of a tenant's
+#: first executions (use counts, co-use, neighbours of a handful) does not stand for the one
+#: served, and the held-back executions judge alone.
+MIN_OUT_OF_FOLD = 5 * FOLDS
 
 
 @dataclass(frozen=True)
@@ -110,11 +114,11 @@ class _OutOfFold:
     def run(self, memory: bool, adapter: bool, rng: np.random.Generator) -> OutOfFold | None:
         """Each of the newest traces that ran a known tool, scored by the corrections (`memory`,
         `adapter`: those the candidate has) fitted without its fold; None when there are fewer
-        than `FOLDS` such traces."""
+        than `MIN_OUT_OF_FOLD` such traces."""
         count = len(self.traces)
         window = range(max(0, count - OUT_OF_FOLD_LIMIT), count)
         newest = [i for i in window if self.view.judged(self.traces[i]) is not None]
-        if len(newest) < FOLDS:
+        if len(newest) < MIN_OUT_OF_FOLD:
             return None
         first: list[FloatArray] = []
         remembered: list[FloatArray] = []
