@@ -16,6 +16,7 @@ from pml_shgat.gating import (
     Figures,
     Judged,
     OutOfFold,
+    Verdict,
     better,
     choose_weight,
     choose_weights,
@@ -351,22 +352,28 @@ def _out_of_fold(count: int, points_at: int) -> OutOfFold:
     return OutOfFold(first, Corrections(None, memory), judged)
 
 
-def test_out_of_fold_executions_confirm_a_memory_gain_the_held_back_halves_cannot() -> None:
-    """Sixteen held-back executions cannot confirm a gain of one of them (the test above); the
-    same rate of gains over the executions the memory learned from, each scored out of fold,
-    does, and the weights are chosen on them all."""
-    judged, first, correction = _one_moved_in_seventeen(16)
+def _memory_verdict(count: int, out_of_fold: OutOfFold | None = None) -> Verdict:
+    """The verdict on a memory that moves the executed tool back in (`_one_moved_in_seventeen`)
+    beside a SHGAT that adds nothing, judged on `count` held-back executions."""
+    judged, first, correction = _one_moved_in_seventeen(count)
     useless = [np.zeros(10) for _ in judged]
-    alone = judge(first, first, Corrections(useless, correction), judged, min_judged=3)
-    assert not alone.accepted and alone.out_of_fold == 0
-    verdict = judge(
+    return judge(
         first,
         first,
         Corrections(useless, correction),
         judged,
         min_judged=3,
-        out_of_fold=lambda: _out_of_fold(384, points_at=0),
+        out_of_fold=None if out_of_fold is None else lambda: out_of_fold,
     )
+
+
+def test_out_of_fold_executions_confirm_a_memory_gain_the_held_back_halves_cannot() -> None:
+    """Sixteen held-back executions cannot confirm a gain of one of them (the test above); the
+    same rate of gains over the executions the memory learned from, each scored out of fold,
+    does, and the weights are chosen on them all."""
+    alone = _memory_verdict(16)
+    assert not alone.accepted and alone.out_of_fold == 0
+    verdict = _memory_verdict(16, _out_of_fold(384, points_at=0))
     assert verdict.accepted and verdict.weights.memory > 0.0 and verdict.weights.shgat == 0.0
     assert verdict.out_of_fold == 384 and verdict.cross_fitted.count == 400
     assert verdict.cross_fitted_first_stage.count == 400
@@ -376,18 +383,9 @@ def test_out_of_fold_executions_confirm_a_memory_gain_the_held_back_halves_canno
 
 
 def test_out_of_fold_executions_refuse_a_memory_gain_the_held_back_ones_alone_would_admit() -> None:
-    judged, first, correction = _one_moved_in_seventeen(400)
-    useless = [np.zeros(10) for _ in judged]
-    assert judge(first, first, Corrections(useless, correction), judged, min_judged=3).accepted
+    assert _memory_verdict(400).accepted
     # on four times as many executions it did not learn from, the memory points elsewhere
-    verdict = judge(
-        first,
-        first,
-        Corrections(useless, correction),
-        judged,
-        min_judged=3,
-        out_of_fold=lambda: _out_of_fold(1600, points_at=1),
-    )
+    verdict = _memory_verdict(400, _out_of_fold(1600, points_at=1))
     assert not verdict.accepted and verdict.weights == (0.0, 0.0, 0.0)
 
 
