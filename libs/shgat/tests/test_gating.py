@@ -444,3 +444,52 @@ def test_against_the_first_stage_a_first_step_gain_within_the_noise_admits_nothi
     # moved up in half of them, it is one
     judged, first, correction = _first_step_moved_up(40, 20)
     assert judge(first, first, Corrections(correction), judged, min_judged=3).accepted
+
+
+def test_a_recall_gain_within_the_noise_of_the_executions_is_not_sure() -> None:
+    """One tool of one two-tool execution in fourteen is 3.6 points of recall@5: better, but not
+    surely; the same rate over 1,400 executions is."""
+    for count, sure in ((14, False), (1400, True)):
+        judged = [Judged((0, 1)) for _ in range(count)]
+        both = figures([_ranking([0, 1]) for _ in judged], judged)
+        one_out = [_ranking([0, 2, 3, 4, 5, 6, 1] if i % 14 == 0 else [0, 1]) for i in range(count)]
+        fewer = figures(one_out, judged)
+        assert both.recall_at_5 - fewer.recall_at_5 == pytest.approx(1 / 28)
+        assert better(both, fewer) and better(both, fewer, surely=True) is sure
+
+
+def test_a_fresher_candidate_replaces_one_that_ranks_one_held_back_execution_better() -> None:
+    """A small tenant's case: the serving version holds both tools of 14 held-back executions in
+    the top five, a candidate fitted on more executions all but one tool of one of them, and
+    the first stage half of each: nothing says the candidate is worse."""
+    judged = [Judged((0, 1)) for _ in range(14)]
+    first = [_ranking([0, 2, 3, 4, 5, 6, 1]) for _ in judged]
+    serving = [_ranking([0, 1]) for _ in judged]
+    correction = [np.eye(10)[9 if i == 0 else 1] for i in range(14)]
+    verdict = judge(first, serving, Corrections(correction), judged, min_judged=3, fresher=True)
+    assert verdict.serving.recall_at_5 - verdict.candidate.recall_at_5 == pytest.approx(1 / 28)
+    assert verdict.accepted and verdict.reason == FRESHER and verdict.weights.shgat > 0.0
+
+
+def _moved_out(count: int, moved: int) -> tuple[list[Judged], list[np.ndarray], list[np.ndarray]]:
+    """`count` executions of tool 0, which the first stage ranks first but in the first `moved`
+    of them (so in both alternate halves), where it is sixth; a correction that points at tool
+    0 moves it back in."""
+    judged = [Judged((0,)) for _ in range(count)]
+    first = [_ranking([1, 2, 3, 4, 5, 0] if i < moved else [0, 1, 2]) for i in range(count)]
+    return judged, first, [np.eye(10)[0] for _ in judged]
+
+
+def test_against_the_first_stage_a_recall_gain_within_the_noise_admits_nothing() -> None:
+    """Cross-fitted, the candidate moves the executed tool into the top five in two executions
+    of forty: five points of recall@5, within two standard errors (seven) of the paired
+    difference; the same rate over 200 executions is a gain."""
+    judged, first, correction = _moved_out(40, 2)
+    verdict = judge(first, first, Corrections(correction), judged, min_judged=3)
+    assert (
+        verdict.cross_fitted.recall_at_5 - verdict.cross_fitted_first_stage.recall_at_5
+        == pytest.approx(0.05)
+    )
+    assert not verdict.accepted
+    judged, first, correction = _moved_out(200, 10)
+    assert judge(first, first, Corrections(correction), judged, min_judged=3).accepted

@@ -29,7 +29,8 @@ version is published with weight 0: the correction is withdrawn rather than left
 the strength of an earlier, smaller held-back set.
 
 A candidate that ties the serving version on them (it does not rank better, and the serving
-version not surely better, per `better`) is published anyway when it learned from at least
+version is not surely better, per `better`: not beyond the noise of the held-back executions,
+in recall@5 or in first steps) is published anyway when it learned from at least
 `FRESHER_GROWTH` times as many executions (*fresher*), as long as it beats the first stage
 (cross-fitted): nothing says it is worse, and it has seen more of the tenant's work. Without
 this, the version served was often one fitted on the first few executions, kept because every
@@ -75,10 +76,11 @@ MRR_MARGIN = 0.005
 #: How much worse the mean reciprocal rank may be in a ranking that counts as better.
 MRR_TOLERANCE = 0.01
 #: Standard errors of the paired difference that a reciprocal-rank loss must exceed to veto a
-#: ranking, or to keep a fresher candidate out: over a few dozen held-back executions, a first
-#: step moved by one rank in two or three of them is noise, and deciding on it kept early fits
+#: ranking, and that a difference must exceed to count as sure (`better(surely=True)`): over a
+#: few dozen held-back executions, a first step moved by one rank in two or three of them, or
+#: one tool more in the top five of one of them, is noise, and deciding on it kept early fits
 #: serving (docs/benchmarks.md).
-MRR_NOISE_Z = 2.0
+NOISE_Z = 2.0
 #: How many times as many executions a candidate must have learned from to replace a serving
 #: version it ties (so a tenant's versions are republished on ties at most logarithmically often).
 FRESHER_GROWTH = 1.5
@@ -179,8 +181,10 @@ class Figures:
     first_rank: float
     mrr: float
     count: int
-    #: Each execution's reciprocal rank of its first executed tool (paired comparisons).
+    #: Each execution's reciprocal rank of its first executed tool, and its recall@5 (paired
+    #: comparisons).
     reciprocal_ranks: tuple[float, ...] = ()
+    recalls_at_5: tuple[float, ...] = ()
 
     def as_metrics(self, prefix: str) -> dict[str, float]:
         return {
@@ -234,6 +238,7 @@ def _mean_figures(each: FloatArray) -> Figures:
         mrr=float(np.mean(reciprocal)),
         count=len(each),
         reciprocal_ranks=tuple(reciprocal.tolist()),
+        recalls_at_5=tuple(each[:, 1].tolist()),
     )
 
 
@@ -241,28 +246,31 @@ def better(a: Figures, b: Figures, *, surely: bool = False) -> bool:
     """Whether `a` ranks better than `b`: recall@5 beyond the margin, or equal within it and a
     better mean reciprocal rank of the first executed tool; never with that reciprocal rank
     worse by more than `MRR_TOLERANCE` and the noise of the executions both ranked
-    (`mrr_noise`: a gateway acts on the first tools, so more of the executed tools in the top
-    five does not make up for a first step pushed down, but a first step moved by a rank in two
-    or three of a few dozen executions is noise). `surely`: the reciprocal rank breaks a tie of
-    recall@5 only beyond that noise too."""
-    noise = mrr_noise(a, b)
-    if a.mrr < b.mrr - max(MRR_TOLERANCE, noise):
+    (`paired_noise`: a gateway acts on the first tools, so more of the executed tools in the
+    top five does not make up for a first step pushed down, but a first step moved by a rank
+    in two or three of a few dozen executions is noise). `surely`: the gain, of recall@5 or,
+    on a tie of it, of the reciprocal rank, must exceed that noise too (over fourteen held-back
+    executions, one tool of one of them is 3.6 points of recall@5)."""
+    rank_noise = paired_noise(a.reciprocal_ranks, b.reciprocal_ranks)
+    if a.mrr < b.mrr - max(MRR_TOLERANCE, rank_noise):
         return False
-    if a.recall_at_5 > b.recall_at_5 + RECALL_MARGIN:
+    gain = a.recall_at_5 - b.recall_at_5
+    if gain < -RECALL_MARGIN:
+        return False
+    recall_noise = paired_noise(a.recalls_at_5, b.recalls_at_5) if surely else 0.0
+    if gain > max(RECALL_MARGIN, recall_noise):
         return True
-    if a.recall_at_5 < b.recall_at_5 - RECALL_MARGIN:
-        return False
-    return a.mrr > b.mrr + max(MRR_MARGIN, noise if surely else 0.0)
+    return a.mrr > b.mrr + max(MRR_MARGIN, rank_noise if surely else 0.0)
 
 
-def mrr_noise(a: Figures, b: Figures) -> float:
-    """`MRR_NOISE_Z` standard errors of the mean paired difference between the reciprocal ranks
-    of `a` and `b`; 0 unless both hold them for the same executions (at least two)."""
-    count = len(a.reciprocal_ranks)
-    if count < 2 or count != len(b.reciprocal_ranks):
+def paired_noise(a: Sequence[float], b: Sequence[float]) -> float:
+    """`NOISE_Z` standard errors of the mean paired difference between per-execution figures
+    `a` and `b`; 0 unless both hold them for the same executions (at least two)."""
+    count = len(a)
+    if count < 2 or count != len(b):
         return 0.0
-    difference = np.subtract(a.reciprocal_ranks, b.reciprocal_ranks)
-    return MRR_NOISE_Z * float(np.std(difference, ddof=1)) / float(np.sqrt(count))
+    difference = np.subtract(a, b)
+    return NOISE_Z * float(np.std(difference, ddof=1)) / float(np.sqrt(count))
 
 
 def choose_weight(
@@ -450,10 +458,10 @@ def judge(
 ) -> Verdict:
     """Admit the candidate (its `corrections`) only if, with its best weights, it beats the
     serving combination on the held-back executions `judged` and, cross-fitted
-    (`Trials.cross_fitted`), the first stage alone (a tie of recall@5 broken by the first steps
-    only beyond their noise, `better(surely=True)`: over a tenant's first hundred executions,
-    first steps moved up in a few of them decided admissions that ranked new work no better,
-    docs/benchmarks.md); or if its best weights are 0 and the first
+    (`Trials.cross_fitted`), surely beats the first stage alone (a gain of recall@5, or on a tie
+    of it of the first steps, beyond its noise, `better(surely=True)`: over a tenant's first
+    hundred executions, a few executions moved up decided admissions that ranked new work no
+    better, docs/benchmarks.md); or if its best weights are 0 and the first
     stage alone beats the serving combination, or the first stage beats it and the candidate
     does not beat the first stage cross-fitted (`WITHDRAWN`: published with weights 0); or if it
     is `fresher` (learned from `FRESHER_GROWTH` times the serving version's executions), ties
