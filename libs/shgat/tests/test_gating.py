@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 import numpy as np
 import pytest
 
@@ -271,11 +273,8 @@ def test_the_adapter_gets_a_share_only_where_its_first_stage_ranks_better() -> N
 
 
 def _one_moved_in_seventeen(count: int) -> tuple[list[Judged], list[np.ndarray], list[np.ndarray]]:
-    """`count` executions of tool 0, which the first stage ranks first but in one execution of
-    seventeen, where it is sixth; a correction that points at tool 0 moves it back in."""
-    judged = [Judged((0,)) for _ in range(count)]
-    first = [_ranking([1, 2, 3, 4, 5, 0] if i % 17 == 0 else [0, 1, 2]) for i in range(count)]
-    return judged, first, [np.eye(10)[0] for _ in judged]
+    """`_moved_out` in one execution of seventeen."""
+    return _moved_out(count, range(0, count, 17))
 
 
 def test_a_gain_that_weights_chosen_on_other_executions_do_not_keep_is_not_admitted() -> None:
@@ -471,12 +470,13 @@ def test_a_fresher_candidate_replaces_one_that_ranks_one_held_back_execution_bet
     assert verdict.accepted and verdict.reason == FRESHER and verdict.weights.shgat > 0.0
 
 
-def _moved_out(count: int, moved: int) -> tuple[list[Judged], list[np.ndarray], list[np.ndarray]]:
-    """`count` executions of tool 0, which the first stage ranks first but in the first `moved`
-    of them (so in both alternate halves), where it is sixth; a correction that points at tool
-    0 moves it back in."""
+def _moved_out(
+    count: int, moved: Container[int]
+) -> tuple[list[Judged], list[np.ndarray], list[np.ndarray]]:
+    """`count` executions of tool 0, which the first stage ranks first but in the executions
+    `moved`, where it is sixth; a correction that points at tool 0 moves it back in."""
     judged = [Judged((0,)) for _ in range(count)]
-    first = [_ranking([1, 2, 3, 4, 5, 0] if i < moved else [0, 1, 2]) for i in range(count)]
+    first = [_ranking([1, 2, 3, 4, 5, 0] if i in moved else [0, 1, 2]) for i in range(count)]
     return judged, first, [np.eye(10)[0] for _ in judged]
 
 
@@ -484,12 +484,12 @@ def test_against_the_first_stage_a_recall_gain_within_the_noise_admits_nothing()
     """Cross-fitted, the candidate moves the executed tool into the top five in two executions
     of forty: five points of recall@5, within two standard errors (seven) of the paired
     difference; the same rate over 200 executions is a gain."""
-    judged, first, correction = _moved_out(40, 2)
+    judged, first, correction = _moved_out(40, range(2))  # one in each half
     verdict = judge(first, first, Corrections(correction), judged, min_judged=3)
     assert (
         verdict.cross_fitted.recall_at_5 - verdict.cross_fitted_first_stage.recall_at_5
         == pytest.approx(0.05)
     )
     assert not verdict.accepted
-    judged, first, correction = _moved_out(200, 10)
+    judged, first, correction = _moved_out(200, range(10))
     assert judge(first, first, Corrections(correction), judged, min_judged=3).accepted
