@@ -9,7 +9,7 @@ import textwrap
 import pytest
 from rich.console import Console
 
-from pml_cli.local_stack import running_system
+from pml_cli.local_stack import running_system, settings_to_env
 from pml_common.local_runtime import free_port
 from pml_common.settings import Settings
 
@@ -37,11 +37,14 @@ def test_sigterm_unwinds_so_the_cleanup_runs() -> None:
 
 
 def test_a_private_system_shows_each_phase_and_leaves_nothing_running() -> None:
-    """`pml eval` with no PML running starts one and stops it; a log shows both phases."""
+    """`pml eval` with no PML running starts one and stops it; a log shows both phases; the
+    private system takes the settings asked of it (the trainer's seed, for evaluations)."""
     nowhere = Settings().model_copy(update={"search_addr": f"127.0.0.1:{free_port()}"})
     log = io.StringIO()
-    with running_system(nowhere, Console(file=log), ("search",)) as live:
+    private = {"train_seed": 7}
+    with running_system(nowhere, Console(file=log), ("search",), private) as live:
         assert live.search_addr != nowhere.search_addr
+        assert live.train_seed == 7 and settings_to_env(live)["PML_TRAIN_SEED"] == "7"
         search_port = int(live.search_addr.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", search_port), timeout=5):
             pass

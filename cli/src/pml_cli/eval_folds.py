@@ -90,6 +90,8 @@ LEARNED = ("shgat",)
 FOLD_METHODS = (*LEARNED, *BASELINES, *METHODS)
 #: How long one fold may wait for the trainer to publish a model that saw all its executions.
 TRAINING_TIMEOUT_S = 1800.0
+#: The trainer's seed in the private system an evaluation starts (`seeded_trainer`).
+TRAINER_SEED = 0
 
 
 def co_used_capabilities(queries: Sequence[ToolQuery]) -> dict[tuple[str, ...], str]:
@@ -127,7 +129,9 @@ def evaluate_folds(
     runs = {m: ToolRun() for m in methods}
     seen = 0
     models: list[dict[str, Any]] = []
+    trainer_seed: int | None = None
     with per_query_log(per_query) as log, _system(settings, console, served) as live:
+        trainer_seed = live.train_seed if live is not None else None
         for number, (train, test) in enumerate(parts):
             seen += gold_seen(train, test)
             for m in (m for m in methods if m in BASELINES):
@@ -150,6 +154,7 @@ def evaluate_folds(
         "queries": len(queries),
         "truncated": truncated,
         "test_gold_seen": seen,
+        "trainer_seed": trainer_seed,
         "methods": results,
         "seconds": round(time.perf_counter() - started, 1),
     }
@@ -164,8 +169,14 @@ def _system(
         yield None
         return
     services = ("search", "trainer", "scorer") if set(served) & set(LEARNED) else ("search",)
-    with running_system(settings, console, services) as live:
+    with running_system(settings, console, services, seeded_trainer(settings)) as live:
         yield live
+
+
+def seeded_trainer(settings: Settings) -> dict[str, object]:
+    """A private system's trainer seeded (`PML_TRAIN_SEED`; `TRAINER_SEED` unless set), so
+    that it learns each fold the same way on every run; a running system keeps its own."""
+    return {} if settings.train_seed is not None else {"train_seed": TRAINER_SEED}
 
 
 def _served_fold(

@@ -51,7 +51,7 @@ from pml.v1 import planner_pb2
 from pml_cli import client
 from pml_cli.eval_baselines import PlanKnn, next_candidates
 from pml_cli.eval_data import EvalError, ToolQuery, load_queries, load_tool_catalog
-from pml_cli.eval_folds import intent_vectors, learn_from
+from pml_cli.eval_folds import intent_vectors, learn_from, seeded_trainer
 from pml_cli.eval_runs import (
     Failures,
     Grouped,
@@ -231,7 +231,7 @@ def _planner_system(
     if not served:
         yield None
         return
-    with running_system(settings, console, PLAN_SERVICES) as live:
+    with running_system(settings, console, PLAN_SERVICES, seeded_trainer(settings)) as live:
         yield live
 
 

@@ -249,11 +249,15 @@ def _port_of(url: str) -> int:
 
 @contextmanager
 def running_system(
-    settings: Settings, console: Console, services: Sequence[str] = ("search", "trainer")
+    settings: Settings,
+    console: Console,
+    services: Sequence[str] = ("search", "trainer"),
+    private: Mapping[str, object] | None = None,
 ) -> Iterator[Settings]:
     """The settings of a reachable system: the running one, or a private one started here.
 
     `services` are those the caller needs; a running system must answer on all of them.
+    `private`: settings of a private system that differ from the environment's.
     """
     addresses = [getattr(settings, f"{name}_addr") for name in services if name != "trainer"]
     if all(_reachable(address, settings) for address in addresses):
@@ -261,7 +265,7 @@ def running_system(
         return
     interrupts = interrupt_on_signals()
     with tempfile.TemporaryDirectory(prefix="pml-eval-") as tmp:
-        stack = LocalStack.on_free_ports(Path(tmp))
+        stack = LocalStack.on_free_ports(Path(tmp), **(private or {}))
         try:
             what = "no PML running: starting a private one (about a minute)"
             with phase(console, what) as status:

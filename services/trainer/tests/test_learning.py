@@ -6,7 +6,7 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -119,6 +119,23 @@ async def rig(
     )
     yield Rig(redis, buffer, lock, registry, holdout, loop, published, embedder)
     await redis.aclose()
+
+
+def _loop(
+    rig: Rig, settings: Settings, driver, embedder: Embedder, config: LearningConfig
+) -> LearningLoop:
+    """A loop over the rig's stores with another configuration."""
+    return LearningLoop(
+        buffer=rig.buffer,
+        lock=rig.lock,
+        registry=rig.registry,
+        driver=driver,
+        database=settings.neo4j_database,
+        embedder=embedder,
+        publisher=rig.published,
+        config=config,
+        holdout=rig.holdout,
+    )
 
 
 async def _add_traces(rig: Rig, tenant: str) -> None:
@@ -294,6 +311,63 @@ async def test_the_loop_trains_pending_tenants_while_holding_the_lock(
         await asyncio.wait_for(task, 10)
     # stopping released the lock
     assert await rig.redis.get(rig.lock.name) is None
+
+
+async def test_the_loop_learns_a_burst_as_one_round(
+    clean_stores: None, rig: Rig, tenant: str, settings: Settings, driver, embedder: Embedder
+) -> None:
+    """Executions arriving closer together than the quiet period are one round's: the first
+    version learned them all, whenever the loop looked while they arrived."""
+    quiet = replace(LEARNING, quiet_s=2.0, max_wait_s=120.0)
+    loop = _loop(rig, settings, driver, embedder, quiet)
+    stop = asyncio.Event()
+    task = asyncio.create_task(loop.run(stop))
+    try:
+        for i in range(12):  # more than min_traces long before the last one arrives
+            trace = Trace(
+                trace_id=f"burst-{i}", intent="keep my notes safe", path=["s3:upload"], outcome=1.0
+            )
+            assert await rig.buffer.add(tenant, trace)
+            await asyncio.sleep(0.1)
+        judged = None
+        for _ in range(1200):
+            judged = await rig.registry.current(tenant) or await rig.registry.last_rejected(tenant)
+            if judged is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert judged is not None and judged[0].metrics["traces_seen"] == 12.0
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_a_seeded_round_trains_the_same_version_whatever_was_drawn_before(
+    rig: Rig, tenant: str
+) -> None:
+    """A round's draws follow from the seed, the tenant and its executions: replaying the same
+    executions after other rounds drew trains the same parameters."""
+
+    async def replayed() -> bytes:
+        await rig.registry.delete_tenant(tenant)
+        await rig.buffer.delete_tenant(tenant)
+        await rig.holdout.delete_tenant(tenant)
+        await _add_traces(rig, tenant)
+        lease = await rig.lock.try_acquire()
+        assert lease is not None
+        async with rig.lock.hold(lease):
+            record = await rig.loop.train_round(tenant, lease)
+        assert record is not None
+        judged = await rig.registry.current(tenant) or await rig.registry.last_rejected(tenant)
+        assert judged is not None and judged[0].version == record.version
+        return judged[1]
+
+    first = await replayed()
+    again = await replayed()
+    _, a = from_bytes(first)
+    _, b = from_bytes(again)
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
 
 
 # --- the gate: a version is served only if it ranks held-back executions better -------------

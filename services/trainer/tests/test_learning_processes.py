@@ -39,7 +39,8 @@ TOOLS = [
 def _trainer(
     env: dict[str, str], name: str, logs: Path, **overrides: str
 ) -> Iterator[ServiceProcess]:
-    """A trainer process with a short lease and tiny rounds; SIGTERM when the block ends."""
+    """A trainer process with a short lease and tiny rounds that start at once (a steady
+    stream is trained without waiting for it to pause); SIGTERM when the block ends."""
     env = {
         **env,
         "PML_CONSUMER_NAME": name,
@@ -49,6 +50,8 @@ def _trainer(
         "PML_TRAIN_STEPS": "8",
         "PML_TRAIN_POLL_S": "0.2",
         "PML_TRAIN_BATCH_SIZE": "8",
+        "PML_TRAIN_QUIET_S": "0",
+        "PML_TRAIN_MAX_WAIT_S": "0",
         **overrides,
     }
     log = logs / f"{name}.log"

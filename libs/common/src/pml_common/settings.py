@@ -376,9 +376,12 @@ class Settings(BaseSettings):
     )
     train_batch_size: int = Field(32, ge=1, le=4096, description="Traces per training batch.")
     train_steps: int = Field(
-        30,
+        200,
         ge=1,
-        description="Most training steps of one round; one round publishes one model version.",
+        description="Most training steps of one round; one round publishes one model version. "
+        "A round learns a whole burst of executions (`PML_TRAIN_QUIET_S`), so this bounds a "
+        "round's length, not what it learns from: 200 steps are the full draws of about 430 "
+        "executions.",
     )
     train_draws_per_execution: float = Field(
         15.0,
@@ -390,6 +393,24 @@ class Settings(BaseSettings):
     )
     train_learning_rate: float = Field(
         0.003, gt=0, description="Adam learning rate of SHGAT training."
+    )
+    train_quiet_s: float = Field(
+        5.0,
+        ge=0,
+        description="A tenant's round starts once its executions have stopped arriving for "
+        "this long, so that a burst is learned as one round whatever the trainer's timing.",
+    )
+    train_max_wait_s: float = Field(
+        120.0,
+        ge=0,
+        description="... or this long after its new executions began to wait, so that a "
+        "steady stream is still learned from; at least `PML_TRAIN_QUIET_S`.",
+    )
+    train_seed: int | None = Field(
+        None,
+        description="Seeds the trainer's draws (batches, corrections' folds): a round's draws "
+        "then follow from the executions it covers alone, so a replayed stream trains the "
+        "same versions under any tenant id. `pml eval` seeds the private system it starts.",
     )
     train_poll_s: float = Field(
         1.0, gt=0, description="How often the trainer looks for tenants with new traces."

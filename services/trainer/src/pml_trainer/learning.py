@@ -74,6 +74,7 @@ from pml_trainer.evaluation import TenantView, build_view, hierarchy_of, without
 from pml_trainer.handlers import Publisher
 from pml_trainer.holdout import HoldOut
 from pml_trainer.replay_buffer import ReplayBuffer, Sample, Trace
+from pml_trainer.round_timing import RoundTiming
 
 log = structlog.get_logger(__name__)
 _meter = metrics.get_meter("pml.trainer")
@@ -102,6 +103,10 @@ class LearningConfig:
     seed: int | None = None
     #: Held-back executions needed before any candidate can be admitted.
     min_holdout: int = 3
+    #: A round starts once the tenant's executions have stopped arriving for this long, or
+    #: this long after they began to wait (`pml_trainer.round_timing`).
+    quiet_s: float = 0.0
+    max_wait_s: float = 0.0
 
     def round_steps(self, new_executions: int) -> int:
         """Steps of a round whose starting model has not learned from `new_executions`."""
@@ -139,7 +144,8 @@ class LearningLoop:
         self._embedder = embedder
         self._publisher = publisher
         self._config = config
-        self._rng = np.random.default_rng(config.seed)
+        self._timing = RoundTiming(config.quiet_s, config.max_wait_s)
+        self._pauses = np.random.default_rng()  # never seeded: replicas must not pause alike
 
     async def run(self, stop: asyncio.Event) -> None:
         """Acquire the lock, train what is pending, release; repeat until `stop`.
@@ -157,24 +163,31 @@ class LearningLoop:
                     await self._train_one_pass(lease, stop)
             except Exception as exc:  # a store outage must not end learning for good
                 log.warning("learning.interrupted", error=repr(exc), token=lease.token)
-            await _sleep_unless(stop, self._rng.uniform(0, self._config.poll_s))
+            await _sleep_unless(stop, self._pauses.uniform(0, self._config.poll_s))
 
     async def _train_one_pass(self, lease: Lease, stop: asyncio.Event) -> None:
-        """Wait (holding the lock) until some tenant is pending, then train each once."""
+        """Wait (holding the lock) until some pending tenant is ready (`RoundTiming`), then
+        train each ready one once."""
         while lease.held() and not stop.is_set():
-            pending = await self._buffer.pending_tenants(self._config.min_traces)
-            if pending:
+            ready = await self._ready_tenants()
+            if ready:
                 break
             await _sleep_unless(stop, self._config.poll_s, lease.lost)
         else:
             return
-        for tenant in pending:
+        for tenant in ready:
             if not lease.held() or stop.is_set():
                 return
+            self._timing.started(tenant)
             try:
                 await self.train_round(tenant, lease, stop)
             except RoundAbandoned:
                 return  # logged by the round; the caller waits for the lock again
+
+    async def _ready_tenants(self) -> list[str]:
+        pending = await self._buffer.pending_tenants(self._config.min_traces)
+        added = {tenant: await self._buffer.added_count(tenant) for tenant in pending}
+        return self._timing.ready_among(added)
 
     async def train_round(
         self, tenant: str, lease: Lease, stop: asyncio.Event | None = None
@@ -221,13 +234,14 @@ class LearningLoop:
             self._config.learning_rate,
             anchor=params if new else None,  # a new model is the untrained one it is pulled to
         )
+        rng = self._round_rng(upto)
         losses, errors = [], []
         steps = self._config.round_steps(upto - learned)
         first_averaged = steps - averaged_steps(steps)
         averaged = IterateMean()  # the round's result: the mean of its last iterates
         for step in range(steps):
             _check(lease, stop)
-            loss, td = await self._step(tenant, trainer, hierarchy)
+            loss, td = await self._step(tenant, trainer, hierarchy, rng)
             losses.append(loss)
             errors.append(td)
             if step >= first_averaged:
@@ -253,6 +267,7 @@ class LearningLoop:
             metrics,
             wall_start,
             remembered,
+            rng,
         )
         await self._buffer.mark_trained(tenant, upto)
         log.info(
@@ -279,15 +294,18 @@ class LearningLoop:
         metrics: dict[str, float],
         wall_start: float | None = None,
         remembered: Sequence[Trace] = (),
+        rng: np.random.Generator | None = None,
     ) -> ModelRecord:
         """Publish the candidate if the gate admits it against `published` (the serving
         version, None for the first stage alone), else keep it as the last rejected one; the
         record's metrics carry the decision (`accepted`) and the figures it was made on.
 
         `remembered`: the traces the candidate's execution memory and query adapter are fitted
-        on (none: the candidate has neither)."""
+        on (none: the candidate has neither); `rng`: the round's draws (`_round_rng`)."""
+        if rng is None:
+            rng = self._round_rng(int(metrics.get("traces_seen", 0)))
         serving = await asyncio.to_thread(build_view, graph, hierarchy, published)
-        fitted = await self._fit_corrections(serving, graph, remembered)
+        fitted = await self._fit_corrections(serving, graph, remembered, rng)
         ranker, adapter = fitted.memory, fitted.adapter
         memory = (
             ranker.serve(hierarchy.tool_ids, graph.servers_of(hierarchy.tool_ids))
@@ -398,14 +416,17 @@ class LearningLoop:
         )
 
     async def _fit_corrections(
-        self, view: TenantView, graph: ToolGraph, traces: Sequence[Trace]
+        self,
+        view: TenantView,
+        graph: ToolGraph,
+        traces: Sequence[Trace],
+        rng: np.random.Generator,
     ) -> Fitted:
         """The execution memory and query adapter of `traces`, and their out-of-fold scores
         (`pml_trainer.corrections`)."""
         intents = await embed_intents(
             [t.intent for t in traces], self._embedder, self._tool_embedder
         )
-        rng = np.random.default_rng(int(self._rng.integers(2**32)))  # the thread's own
         servers = graph.servers_of(view.hierarchy.tool_ids)
         return await asyncio.to_thread(fit_corrections, view, servers, traces, intents, rng)
 
@@ -415,10 +436,18 @@ class LearningLoop:
         by_text = dict(zip(unique, vectors, strict=True))
         return [np.asarray(by_text[t]) for t in texts]
 
+    def _round_rng(self, upto: int) -> np.random.Generator:
+        """A round's draws. Seeded, they follow from how many executions the round covers
+        alone, so that a replayed stream (under any tenant id) trains the same versions,
+        whatever other tenants' rounds drew before; unseeded, they are fresh."""
+        if self._config.seed is None:
+            return np.random.default_rng()
+        return np.random.default_rng([self._config.seed, upto])
+
     async def _step(
-        self, tenant: str, trainer: ShgatTrainer, hierarchy: Hierarchy
+        self, tenant: str, trainer: ShgatTrainer, hierarchy: Hierarchy, rng: np.random.Generator
     ) -> tuple[float, float]:
-        sample = await self._buffer.sample(tenant, self._config.batch_size, self._rng)
+        sample = await self._buffer.sample(tenant, self._config.batch_size, rng)
         intents = await self._intent_vectors(sample)
         examples = [
             example
@@ -429,7 +458,7 @@ class LearningLoop:
         ]
         if not examples:
             return 0.0, 0.0
-        batch = make_batch(examples, hierarchy, self._rng)
+        batch = make_batch(examples, hierarchy, rng)
         stats = await asyncio.to_thread(trainer.step, batch)
         td = await asyncio.to_thread(_td_errors, trainer, hierarchy, sample, intents)
         await self._buffer.update_priorities(tenant, sample.ids, td)

@@ -142,6 +142,9 @@ def _learning_config(settings: Settings) -> LearningConfig:
         # Waiting for the lock polls well inside one lease, so a dead holder is replaced fast.
         poll_s=min(settings.train_poll_s, settings.trainer_lease_ms / 3000),
         key_dim=settings.shgat_key_dim,
+        seed=settings.train_seed,
+        quiet_s=settings.train_quiet_s,
+        max_wait_s=max(settings.train_max_wait_s, settings.train_quiet_s),
     )
 
 

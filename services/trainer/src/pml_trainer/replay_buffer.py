@@ -264,11 +264,15 @@ class ReplayBuffer:
         return [by_id[i] for i in ids]
 
     async def _scores(self, k: _Keys) -> list[tuple[str, float]]:
-        """(trace id, priority) of every stored trace."""
-        rows: list[tuple[bytes, float]] = await self._redis.zrange(  # type: ignore[assignment]
-            k.priorities, 0, -1, withscores=True
-        )
-        return [(member.decode(), float(score)) for member, score in rows]
+        """(trace id, priority) of every stored trace, oldest first: the sorted set orders
+        equal priorities by id, and ids are random, so sampling in that order would make the
+        same seed draw other traces each time a stream is replayed."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.zrange(k.priorities, 0, -1, withscores=True)
+            pipe.lrange(k.order, 0, -1)
+            rows, order = await pipe.execute()
+        scores = {member.decode(): float(score) for member, score in rows}
+        return [(i, scores[i]) for i in (raw.decode() for raw in order) if i in scores]
 
 
 def importance_weights(
