@@ -45,7 +45,7 @@ def test_a_started_round_makes_later_executions_wait_for_the_next() -> None:
     timing.ready("t", 16)
     clock.now += 40.0
     assert timing.ready("t", 16)
-    timing.started("t")
+    assert timing.started("t") == 40.0  # how long the executions waited, for the log
     assert not timing.ready("t", 18)  # arrived during the round: a new wait begins
     clock.now += 5.0
     assert timing.ready("t", 18)

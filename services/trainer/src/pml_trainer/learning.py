@@ -178,7 +178,8 @@ class LearningLoop:
         for tenant in ready:
             if not lease.held() or stop.is_set():
                 return
-            self._timing.started(tenant)
+            waited = self._timing.started(tenant)
+            log.info("learning.tenant_ready", tenant=tenant, waited_s=round(waited, 2))
             try:
                 await self.train_round(tenant, lease, stop)
             except RoundAbandoned:

@@ -55,6 +55,8 @@ class RoundTiming:
             seen.added, seen.changed_at = added, now
         return now - seen.changed_at >= self.quiet_s or now - seen.since >= self.max_wait_s
 
-    def started(self, tenant: str) -> None:
-        """The tenant's round starts: executions arriving from now on wait for the next one."""
-        self._waiting.pop(tenant, None)
+    def started(self, tenant: str) -> float:
+        """The tenant's round starts: executions arriving from now on wait for the next one.
+        Returns how long its executions waited for this round (seconds)."""
+        seen = self._waiting.pop(tenant, None)
+        return self._clock() - seen.since if seen is not None else 0.0
