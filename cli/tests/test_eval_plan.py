@@ -181,6 +181,7 @@ def test_plan_knn_needs_no_service_and_the_split_shows_memory(tmp_path: Path) ->
     memory, unseen = results["query"], results["workflow"]
     assert unseen["test_gold_seen"] == 0 and memory["test_gold_seen"] > 0
     assert unseen["split"] == "workflow" and unseen["models"] == []
+    assert unseen["trainer_seed"] is None  # no system started, none seeded
     knn_memory, knn_unseen = memory["methods"]["knn"], unseen["methods"]["knn"]
     assert knn_memory["node_f1"] > knn_unseen["node_f1"]
     assert knn_memory["failed"] == 0 and knn_memory["dag_accepted"] == 1.0

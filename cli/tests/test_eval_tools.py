@@ -288,3 +288,8 @@ def test_a_fold_whose_model_never_comes_is_reported_not_raised(
     served = eval_folds.wait_for_model(nowhere, "t", 10)
     assert (served.complete, served.admitted, served.version) == (False, False, "")
     assert "all 10 executions" in served.note
+
+
+def test_an_evaluation_seeds_the_trainer_it_starts_unless_a_seed_is_set() -> None:
+    assert eval_folds.seeded_trainer(Settings()) == {"train_seed": eval_folds.TRAINER_SEED}
+    assert eval_folds.seeded_trainer(Settings(train_seed=5)) == {}  # the caller's seed is kept

@@ -142,6 +142,7 @@ def test_baselines_need_no_service_and_the_split_shows_what_memory_answers(
     assert results["workflow"]["test_gold_seen"] == 0
     assert results["query"]["test_gold_seen"] == 12  # every paraphrase has 3 in training
     for result in results.values():
+        assert result["trainer_seed"] is None  # no system started, none seeded
         assert set(result["methods"]) == {"knn", "popular"}
         assert result["methods"]["knn"]["by_group"]["multi"]["queries"] == 12
         lines = (tmp_path / f"{result['split']}.jsonl").read_text().splitlines()

@@ -185,7 +185,9 @@ def evaluate_plan(
     served = [m for m in methods if m not in PLAN_BASELINES]
     seen = 0
     models: list[dict[str, Any]] = []
+    trainer_seed: int | None = None
     with per_query_log(per_query) as log, _planner_system(settings, console, served) as live:
+        trainer_seed = live.train_seed if live is not None else None
         for number, (train, test) in enumerate(parts):
             seen += gold_seen(train, test)
             if "knn" in methods:
@@ -217,6 +219,7 @@ def evaluate_plan(
         "queries": len(queries),
         "truncated": truncated,
         "test_gold_seen": seen,
+        "trainer_seed": trainer_seed,
         "models": models,
         "methods": results,
         "seconds": round(time.perf_counter() - started, 1),
