@@ -129,7 +129,6 @@ def evaluate_folds(
     runs = {m: ToolRun() for m in methods}
     seen = 0
     models: list[dict[str, Any]] = []
-    trainer_seed: int | None = None
     with per_query_log(per_query) as log, _system(settings, console, served) as live:
         trainer_seed = live.train_seed if live is not None else None
         for number, (train, test) in enumerate(parts):

@@ -185,7 +185,6 @@ def evaluate_plan(
     served = [m for m in methods if m not in PLAN_BASELINES]
     seen = 0
     models: list[dict[str, Any]] = []
-    trainer_seed: int | None = None
     with per_query_log(per_query) as log, _planner_system(settings, console, served) as live:
         trainer_seed = live.train_seed if live is not None else None
         for number, (train, test) in enumerate(parts):

@@ -169,7 +169,8 @@ class LearningLoop:
         """Wait (holding the lock) until some pending tenant is ready (`RoundTiming`), then
         train each ready one once."""
         while lease.held() and not stop.is_set():
-            ready = await self._ready_tenants()
+            pending = await self._buffer.pending_tenants(self._config.min_traces)
+            ready = self._timing.ready_among(pending)
             if ready:
                 break
             await _sleep_unless(stop, self._config.poll_s, lease.lost)
@@ -184,11 +185,6 @@ class LearningLoop:
                 await self.train_round(tenant, lease, stop)
             except RoundAbandoned:
                 return  # logged by the round; the caller waits for the lock again
-
-    async def _ready_tenants(self) -> list[str]:
-        pending = await self._buffer.pending_tenants(self._config.min_traces)
-        added = {tenant: await self._buffer.added_count(tenant) for tenant in pending}
-        return self._timing.ready_among(added)
 
     async def train_round(
         self, tenant: str, lease: Lease, stop: asyncio.Event | None = None

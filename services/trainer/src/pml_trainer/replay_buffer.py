@@ -182,20 +182,25 @@ class ReplayBuffer:
         raw = await self._redis.hget(ADDED_KEY, tenant_id)
         return int(raw or 0)
 
-    async def pending_tenants(self, min_traces: int = 1) -> list[str]:
-        """Tenants with traces added since their last `mark_trained`, holding >= min_traces."""
+    async def pending_tenants(self, min_traces: int = 1) -> dict[str, int]:
+        """Tenants with traces added since their last `mark_trained`, holding >= min_traces,
+        each with its `added_count` (what tells the trainer whether traces still arrive)."""
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hgetall(ADDED_KEY)
             pipe.hgetall(TRAINED_KEY)
             added, trained = await pipe.execute()
-        pending = sorted(t.decode() for t, n in added.items() if int(n) > int(trained.get(t, 0)))
+        pending = {
+            t.decode(): int(n) for t, n in sorted(added.items()) if int(n) > int(trained.get(t, 0))
+        }
         if min_traces <= 1 or not pending:
             return pending
         async with self._redis.pipeline(transaction=False) as pipe:
             for t in pending:
                 pipe.hlen(_Keys(t).traces)
             sizes = await pipe.execute()
-        return [t for t, n in zip(pending, sizes, strict=True) if n >= min_traces]
+        return {
+            t: n for (t, n), size in zip(pending.items(), sizes, strict=True) if size >= min_traces
+        }
 
     async def tool_sets(self, tenant_id: str) -> set[frozenset[str]]:
         """The distinct sets of steps the stored traces ran (what a model trained on them has
