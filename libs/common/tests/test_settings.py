@@ -58,3 +58,9 @@ def test_redis_credentials_only_name_what_is_set() -> None:
     assert redis_credentials(Settings()) == {}
     both = Settings(redis_username="pml", redis_password=SecretStr("pw"))
     assert redis_credentials(both) == {"username": "pml", "password": "pw"}
+
+
+def test_a_longest_wait_shorter_than_the_quiet_period_is_refused_with_both_named() -> None:
+    with pytest.raises(ValidationError, match=r"PML_TRAIN_MAX_WAIT_S \(2.0\).*PML_TRAIN_QUIET_S"):
+        Settings(train_quiet_s=5.0, train_max_wait_s=2.0)
+    assert Settings(train_quiet_s=5.0, train_max_wait_s=5.0).train_max_wait_s == 5.0

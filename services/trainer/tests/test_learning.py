@@ -7,10 +7,12 @@ import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
+from structlog.testing import capture_logs
 
 from pml_common.embedding import Embedder, UseEmbedder
 from pml_common.events import CapabilitySpec, Event, ToolSpec
@@ -102,7 +104,8 @@ async def rig(
         await store.learn_capability(tenant, f"e-cap{i}", spec)
     redis = redis_client(settings)
     buffer = ReplayBuffer(redis, capacity=100)
-    lock = LeaseLock(redis, name=f"pml:test:{tenant}:lock", lease_ms=2000)
+    # generous: a loaded 2-core machine can hold the event loop for seconds between beats
+    lock = LeaseLock(redis, name=f"pml:test:{tenant}:lock", lease_ms=10_000)
     registry = ModelRegistry(redis, keep_versions=3)
     holdout = HoldOut(redis)
     published = _Collector()
@@ -278,7 +281,7 @@ async def test_a_paused_trainer_cannot_publish_over_a_newer_token(
     rig: Rig, tenant: str, settings: Settings
 ) -> None:
     await _add_traces(rig, tenant)
-    paused = await rig.lock.try_acquire()
+    paused = await LeaseLock(rig.redis, name=rig.lock.name, lease_ms=2000).try_acquire()
     assert paused is not None
     # The paused trainer never renews (no heartbeat ran): its lease expires, another takes over.
     await asyncio.sleep(2.2)
@@ -368,6 +371,146 @@ async def test_a_seeded_round_trains_the_same_version_whatever_was_drawn_before(
     assert a.keys() == b.keys()
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
+
+
+async def _register(store: GraphStore, tenant: str) -> None:
+    tools = [
+        ToolSpec(id=t, server=t.split(":")[0], name=t.split(":")[1], description=d)
+        for t, d in TOOLS.items()
+    ]
+    await store.register_tools(tenant, f"e-tools-{tenant}", tools)
+
+
+async def _add_executions(rig: Rig, tenant: str, count: int) -> None:
+    spec = {c.id: c for c in CAPABILITIES}
+    pairs = [(cap, intent) for cap, intents in INTENTS.items() for intent in intents]
+    for i in range(count):
+        cap, intent = pairs[i % len(pairs)]
+        trace = Trace(trace_id=f"many-{i}", intent=intent, path=spec[cap].tools, outcome=1.0)
+        assert await rig.buffer.add(tenant, trace)
+
+
+async def _judged_version(rig: Rig, tenant: str) -> int | None:
+    judged = await rig.registry.current(tenant) or await rig.registry.last_rejected(tenant)
+    return judged[0].version if judged is not None else None
+
+
+async def test_a_tenant_ready_during_another_tenants_long_round_is_trained_beside_it(
+    clean_stores: None,
+    rig: Rig,
+    tenant: str,
+    store: GraphStore,
+    settings: Settings,
+    driver,
+    embedder: Embedder,
+) -> None:
+    """Rounds take turns step by step: a tenant whose few executions arrive while another
+    tenant's long round runs gets its version before that round ends, not after it."""
+    small = f"{tenant}-small"
+    await _register(store, small)
+    await _add_executions(rig, tenant, 100)  # 94 steps of 16 at 15 draws per execution
+    loop = _loop(rig, settings, driver, embedder, replace(LEARNING, steps=200))
+    stop = asyncio.Event()
+    with capture_logs() as logs:
+        task = asyncio.create_task(loop.run(stop))
+        try:
+            for _ in range(1200):
+                if any(e["event"] == "learning.round_started" for e in logs):
+                    break
+                await asyncio.sleep(0.05)
+            assert [e["tenant"] for e in logs if e["event"] == "learning.round_started"] == [tenant]
+            await _add_executions(rig, small, 4)  # 4 steps
+            for _ in range(2400):
+                if await _judged_version(rig, small) is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert await _judged_version(rig, small) is not None
+            assert await _judged_version(rig, tenant) is None, "the long round ended first"
+            for _ in range(2400):
+                if await _judged_version(rig, tenant) is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert await _judged_version(rig, tenant) is not None
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+
+
+async def test_a_tenant_whose_serving_model_is_unreadable_is_trained_anew(
+    rig: Rig, tenant: str
+) -> None:
+    """Unreadable bytes in the registry are served as the first stage alone; the trainer
+    starts from the untrained model instead of failing the tenant's every round."""
+    lease = await rig.lock.try_acquire()
+    assert lease is not None
+    async with rig.lock.hold(lease):
+        broken = await rig.registry.publish(tenant, b"not a model", lease.token, {})
+        await _add_traces(rig, tenant)
+        with capture_logs() as logs:
+            record = await rig.loop.train_round(tenant, lease)
+    assert record is not None and record.version > broken.version
+    assert record.metrics["traces_seen"] == 6.0
+    reset = [e for e in logs if e["event"] == "learning.model_reset"]
+    assert reset and reset[0]["reason"].startswith("unreadable")
+
+
+class _FailingFor(LearningLoop):
+    """A loop whose rounds of one tenant fail on reading its graph (a fault injected)."""
+
+    def __init__(self, broken: str, **parts: Any) -> None:
+        super().__init__(**parts)
+        self.broken = broken
+
+    async def _graph(self, tenant: str) -> tuple[ToolGraph, Hierarchy]:
+        if tenant == self.broken:
+            raise RuntimeError(f"injected fault for {tenant}")
+        return await super()._graph(tenant)
+
+
+async def test_a_round_that_fails_does_not_stop_another_tenants_round(
+    clean_stores: None,
+    rig: Rig,
+    tenant: str,
+    store: GraphStore,
+    settings: Settings,
+    driver,
+    embedder: Embedder,
+) -> None:
+    """A tenant whose round fails is logged and retried at a later pass; another pending tenant
+    is still trained, in the same pass or the next."""
+    broken = f"{tenant}-broken"
+    await _register(store, broken)
+    await _add_executions(rig, broken, 6)
+    await _add_executions(rig, tenant, 6)
+    loop = _FailingFor(
+        broken,
+        buffer=rig.buffer,
+        lock=rig.lock,
+        registry=rig.registry,
+        driver=driver,
+        database=settings.neo4j_database,
+        embedder=embedder,
+        publisher=rig.published,
+        config=LEARNING,
+        holdout=rig.holdout,
+    )
+    stop = asyncio.Event()
+    with capture_logs() as logs:
+        task = asyncio.create_task(loop.run(stop))
+        try:
+            for _ in range(1200):
+                retried = [e for e in logs if e["event"] == "learning.round_failed"]
+                if await _judged_version(rig, tenant) is not None and len(retried) >= 2:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+    assert await _judged_version(rig, tenant) is not None
+    failed = [e for e in logs if e["event"] == "learning.round_failed"]
+    assert len(failed) >= 2 and {e["tenant"] for e in failed} == {broken}
+    assert "injected fault" in failed[0]["error"]
+    assert await rig.buffer.pending_tenants(LEARNING.min_traces) == {broken: 6}
 
 
 # --- the gate: a version is served only if it ranks held-back executions better -------------

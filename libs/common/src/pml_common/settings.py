@@ -404,7 +404,15 @@ class Settings(BaseSettings):
         120.0,
         ge=0,
         description="... or this long after its new executions began to wait, so that a "
-        "steady stream is still learned from; at least `PML_TRAIN_QUIET_S`.",
+        "steady stream is still learned from; at least `PML_TRAIN_QUIET_S` (a shorter one "
+        "is refused).",
+    )
+    train_concurrent_rounds: int = Field(
+        4,
+        ge=1,
+        description="Most tenants trained at once. Their rounds take turns step by step, so a "
+        "tenant whose executions arrive during another's long round is trained beside it, not "
+        "after it; one more beyond this waits for a round to end.",
     )
     train_seed: int | None = Field(
         None,
@@ -499,6 +507,16 @@ class Settings(BaseSettings):
             if path:
                 filled[secret] = read_secret_file(str(path), file_setting)
         return filled
+
+    @model_validator(mode="after")
+    def _quiet_within_longest_wait(self) -> Settings:
+        if self.train_max_wait_s < self.train_quiet_s:
+            raise ValueError(
+                f"PML_TRAIN_MAX_WAIT_S ({self.train_max_wait_s}) must be at least "
+                f"PML_TRAIN_QUIET_S ({self.train_quiet_s}): a round waits for a quiet period "
+                "only up to the longest wait"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_redis_password(self) -> Settings:

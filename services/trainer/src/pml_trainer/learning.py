@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -107,6 +107,8 @@ class LearningConfig:
     #: this long after they began to wait (`pml_trainer.round_timing`).
     quiet_s: float = 0.0
     max_wait_s: float = 0.0
+    #: Most rounds (one per tenant) in progress at once; their steps take turns.
+    concurrent_rounds: int = 4
 
     def round_steps(self, new_executions: int) -> int:
         """Steps of a round whose starting model has not learned from `new_executions`."""
@@ -146,6 +148,8 @@ class LearningLoop:
         self._config = config
         self._timing = RoundTiming(config.quiet_s, config.max_wait_s)
         self._pauses = np.random.default_rng()  # never seeded: replicas must not pause alike
+        #: One round's step (or judgement) at a time: concurrent rounds take turns, in order.
+        self._turn = asyncio.Lock()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Acquire the lock, train what is pending, release; repeat until `stop`.
@@ -166,25 +170,52 @@ class LearningLoop:
             await _sleep_unless(stop, self._pauses.uniform(0, self._config.poll_s))
 
     async def _train_one_pass(self, lease: Lease, stop: asyncio.Event) -> None:
-        """Wait (holding the lock) until some pending tenant is ready (`RoundTiming`), then
-        train each ready one once."""
-        while lease.held() and not stop.is_set():
-            pending = await self._buffer.pending_tenants(self._config.min_traces)
-            ready = self._timing.ready_among(pending)
-            if ready:
-                break
-            await _sleep_unless(stop, self._config.poll_s, lease.lost)
-        else:
-            return
-        for tenant in ready:
-            if not lease.held() or stop.is_set():
-                return
-            waited = self._timing.started(tenant)
-            log.info("learning.tenant_ready", tenant=tenant, waited_s=round(waited, 2))
-            try:
-                await self.train_round(tenant, lease, stop)
-            except RoundAbandoned:
-                return  # logged by the round; the caller waits for the lock again
+        """Hold the lock while rounds run: wait until some pending tenant is ready
+        (`RoundTiming`), start its round, and go on starting the rounds of tenants that become
+        ready meanwhile, up to `concurrent_rounds` at once; return once none runs.
+
+        Rounds of different tenants take turns step by step (`_turn`), so a tenant that
+        becomes ready during another's long round is trained beside it instead of after it,
+        and the trainer still does one step's work at a time. A round that fails is logged and
+        its tenant waits for the next pass; the other rounds go on."""
+        rounds: dict[str, asyncio.Task[None]] = {}
+        failed: set[str] = set()  # tried in this pass: retried after the lock's hand-over
+        started = False
+        try:
+            while lease.held() and not stop.is_set():
+                for tenant in await self._ready(len(rounds), set(rounds) | failed):
+                    rounds[tenant] = asyncio.create_task(
+                        self._tenant_round(tenant, lease, stop, failed), name=f"round-{tenant}"
+                    )
+                    started = True
+                if started and not rounds:
+                    return
+                await _sleep_unless(stop, self._config.poll_s, lease.lost, rounds.values())
+                for tenant in [t for t, task in rounds.items() if task.done()]:
+                    del rounds[tenant]
+        finally:
+            # a lost lease or `stop` abandons them at their next step (`_check`)
+            await asyncio.gather(*rounds.values(), return_exceptions=True)
+
+    async def _ready(self, running: int, excluded: set[str]) -> list[str]:
+        """Pending tenants, not in `excluded`, whose round may start now beside `running`
+        others (at most `concurrent_rounds` run at once)."""
+        pending = await self._buffer.pending_tenants(self._config.min_traces)
+        ready = [t for t in self._timing.ready_among(pending) if t not in excluded]
+        return ready[: max(0, self._config.concurrent_rounds - running)]
+
+    async def _tenant_round(
+        self, tenant: str, lease: Lease, stop: asyncio.Event, failed: set[str]
+    ) -> None:
+        waited = self._timing.started(tenant)
+        log.info("learning.tenant_ready", tenant=tenant, waited_s=round(waited, 2))
+        try:
+            await self.train_round(tenant, lease, stop)
+        except RoundAbandoned:
+            pass  # logged by the round; the pass ends with the lease or at `stop`
+        except Exception as exc:  # one tenant's failure must not stop the others' rounds
+            failed.add(tenant)
+            log.warning("learning.round_failed", tenant=tenant, error=repr(exc))
 
     async def train_round(
         self, tenant: str, lease: Lease, stop: asyncio.Event | None = None
@@ -237,8 +268,9 @@ class LearningLoop:
         first_averaged = steps - averaged_steps(steps)
         averaged = IterateMean()  # the round's result: the mean of its last iterates
         for step in range(steps):
-            _check(lease, stop)
-            loss, td = await self._step(tenant, trainer, hierarchy, rng)
+            async with self._turn:
+                _check(lease, stop)
+                loss, td = await self._step(tenant, trainer, hierarchy, rng)
             losses.append(loss)
             errors.append(td)
             if step >= first_averaged:
@@ -253,19 +285,20 @@ class LearningLoop:
             "traces_seen": float(upto),
         }
         remembered = await self._buffer.newest(tenant, CAPACITY)
-        record = await self.admit(
-            tenant,
-            lease,
-            graph,
-            hierarchy,
-            published,
-            config,
-            averaged.mean,
-            metrics,
-            wall_start,
-            remembered,
-            rng,
-        )
+        async with self._turn:
+            record = await self.admit(
+                tenant,
+                lease,
+                graph,
+                hierarchy,
+                published,
+                config,
+                averaged.mean,
+                metrics,
+                wall_start,
+                remembered,
+                rng,
+            )
         await self._buffer.mark_trained(tenant, upto)
         log.info(
             "learning.round_finished",
@@ -465,7 +498,8 @@ class LearningLoop:
         graph = await read_tool_graph(
             self._driver, self._database, tenant, self._embedder, self._tool_embedder
         )
-        return graph, hierarchy_of(graph, self._embedder.dim)
+        # off the event loop: a large catalog's hierarchy would hold up consumption and beats
+        return graph, await asyncio.to_thread(hierarchy_of, graph, self._embedder.dim)
 
     def _starting_point(
         self, tenant: str, hierarchy: Hierarchy, current: tuple[ModelRecord, bytes] | None
@@ -474,10 +508,14 @@ class LearningLoop:
         the tenant's executions it has learned from (its round's `traces_seen`), and whether it
         is new (the untrained model)."""
         if current is not None:
-            config, params = from_bytes(current[1])
-            if config.dim == hierarchy.dim:
-                return config, params, int(current[0].metrics.get("traces_seen", 0.0)), False
-            log.warning("learning.model_reset", tenant=tenant, reason="embedding size changed")
+            try:
+                config, params = from_bytes(current[1])
+            except Exception as exc:  # served as the first stage alone (`build_view`): so start
+                log.error("learning.model_reset", tenant=tenant, reason=f"unreadable: {exc!r}")
+            else:
+                if config.dim == hierarchy.dim:
+                    return config, params, int(current[0].metrics.get("traces_seen", 0.0)), False
+                log.warning("learning.model_reset", tenant=tenant, reason="embedding size changed")
         config = make_config(hierarchy.dim, self._config.key_dim, hierarchy.num_nodes)
         return config, init_params(config, hierarchy.features, hierarchy.num_levels), 0, True
 
@@ -601,12 +639,16 @@ def _check(lease: Lease, stop: asyncio.Event | None) -> None:
 
 
 async def _sleep_unless(
-    stop: asyncio.Event, seconds: float, other: asyncio.Event | None = None
+    stop: asyncio.Event,
+    seconds: float,
+    other: asyncio.Event | None = None,
+    tasks: Iterable[asyncio.Task[None]] = (),
 ) -> None:
+    """Sleep `seconds`, or until `stop` or `other` is set or one of `tasks` ends."""
     waiters = [asyncio.ensure_future(stop.wait())]
     if other is not None:
         waiters.append(asyncio.ensure_future(other.wait()))
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([*waiters, *tasks], timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
     for waiter in waiters:
         waiter.cancel()

@@ -144,7 +144,8 @@ def _learning_config(settings: Settings) -> LearningConfig:
         key_dim=settings.shgat_key_dim,
         seed=settings.train_seed,
         quiet_s=settings.train_quiet_s,
-        max_wait_s=max(settings.train_max_wait_s, settings.train_quiet_s),
+        max_wait_s=settings.train_max_wait_s,
+        concurrent_rounds=settings.train_concurrent_rounds,
     )
 
 
