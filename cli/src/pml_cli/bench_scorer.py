@@ -24,6 +24,10 @@
   publishing enough executions for a round (`replay_min_traces`, plus the share held back to
   judge versions) to the scorer serving a version trained on them, or reporting it rejected by
   the gate; the median of `rounds` measurements.
+- `beside_long_round_s`: the same, once more, published while another tenant's round over a
+  burst of `long_round_executions` runs (the longest round, `PML_TRAIN_STEPS` steps);
+  `long_round_s`: from that burst's publication to its own version. With one round at a time
+  (`PML_TRAIN_CONCURRENT_ROUNDS=1`) the first waits for the second.
 """
 
 from __future__ import annotations
@@ -76,6 +80,10 @@ EMBEDDER_PARTS = (512, 384, 384)
 ADAPTER_EXECUTIONS = 300
 #: Held-back executions the gate judges on: a tenant's most (`HoldOut.capacity`).
 GATE_EXECUTIONS = 200
+#: Another tenant's burst whose round is as long as rounds get (`PML_TRAIN_STEPS` of 200 is
+#: the full draws of about 430 executions), and how long after its quiet period it has started.
+LONG_ROUND_EXECUTIONS = 540
+ROUND_START_S = 3.0
 _WORDS = np.array([f"w{i}" for i in range(5_000)])
 
 
@@ -370,19 +378,69 @@ def _event_to_serving(settings: Settings, rounds: int, console: Console) -> dict
     step(console, "executions → served version: on the running system, or a private one")
     with running_system(settings, console, ("search", "trainer", "scorer")) as live:
         tenant = f"bench-{uuid.uuid4().hex[:10]}"
-        with client.scratch_tenants(live, console, tenant, timeout=120):
+        busy = f"bench-busy-{uuid.uuid4().hex[:10]}"
+        with client.scratch_tenants(live, console, tenant, busy, timeout=120):
             pairs = [[tools[i].id, tools[i + 1].id] for i in range(0, 20, 2)]
             what = f"registering {len(tools)} demo tools and {len(pairs)} capabilities"
-            with phase(console, f"{what} under {tenant}"):
-                _register(live, tenant, tools, pairs)
+            for name in (tenant, busy):
+                with phase(console, f"{what} under {name}"):
+                    _register(live, name, tools, pairs)
             times = [_one_publication(live, tenant, pairs, r, console) for r in range(rounds)]
+            beside = _beside_a_long_round(live, tenant, busy, pairs, rounds, console)
     return {
         "event_to_serving_s": round(statistics.median(times), 2),
         "event_to_serving_runs_s": [round(t, 2) for t in times],
+        **beside,
         # a round's steps follow the executions it learns (at most train_steps)
         "train_draws_per_execution": live.train_draws_per_execution,
         "train_steps_at_most": live.train_steps,
+        "train_concurrent_rounds": live.train_concurrent_rounds,
     }
+
+
+def _beside_a_long_round(
+    settings: Settings,
+    tenant: str,
+    busy: str,
+    pairs: list[list[str]],
+    rounds_before: int,
+    console: Console,
+) -> dict[str, Any]:
+    """One more of `tenant`'s publications, made while `busy`'s round over a burst of
+    `LONG_ROUND_EXECUTIONS` runs: how long one tenant's learning waits on another's."""
+    stub = client.scorer_stub(settings)
+    request = scorer_pb2.ModelInfoRequest(tenant_id=busy)
+    rejected = stub.ModelInfo(request, timeout=30).last_rejected.version
+    what = f"{LONG_ROUND_EXECUTIONS} executions under {busy}, and its round starting"
+    with phase(console, what):
+        started = time.perf_counter()
+        asyncio.run(
+            client.publish_events(settings, _executions(busy, pairs, LONG_ROUND_EXECUTIONS, "busy"))
+        )
+        time.sleep(settings.train_quiet_s + ROUND_START_S)
+    beside = _one_publication(settings, tenant, pairs, rounds_before, console)
+    with phase(console, f"waiting for {busy}'s version"):
+        _until_judged(stub, busy, LONG_ROUND_EXECUTIONS, rejected)
+    return {
+        "beside_long_round_s": round(beside, 2),
+        "long_round_s": round(time.perf_counter() - started, 2),
+        "long_round_executions": LONG_ROUND_EXECUTIONS,
+    }
+
+
+def _executions(
+    tenant: str, pairs: list[list[str]], count: int, label: str
+) -> list[ExecutionCompleted]:
+    return [
+        ExecutionCompleted.create(
+            tenant_id=tenant,
+            intent=f"bench intent {label}-{i}",
+            steps=[ExecutionStep(node_id=t, success=True) for t in pairs[i % len(pairs)]],
+            outcome="success",
+            capability_id=f"c{i % len(pairs)}",
+        )
+        for i in range(count)
+    ]
 
 
 def _register(
@@ -407,30 +465,30 @@ def _one_publication(
     stub = client.scorer_stub(settings)
     # One execution in 5 is held back to judge versions: enough for a round to start.
     count = settings.replay_min_traces * 5 // 4 + 1
-    events = [
-        ExecutionCompleted.create(
-            tenant_id=tenant,
-            intent=f"bench intent {round_}-{i}",
-            steps=[ExecutionStep(node_id=t, success=True) for t in pairs[i % len(pairs)]],
-            outcome="success",
-            capability_id=f"c{i % len(pairs)}",
-        )
-        for i in range(count)
-    ]
-    target = (round_ + 1) * count
+    events = _executions(tenant, pairs, count, str(round_))
     request = scorer_pb2.ModelInfoRequest(tenant_id=tenant)
     rejected = stub.ModelInfo(request, timeout=30).last_rejected.version
     what = f"measured: round {round_ + 1}, {count} executions → a served (or rejected) version"
     with phase(console, what):
         started = time.perf_counter()
         asyncio.run(client.publish_events(settings, events))
-        while True:
-            info = stub.ModelInfo(request, timeout=30)
-            # a version is judged on held-back executions: served, or kept as rejected
-            covered = info.metrics.get("traces_seen", 0) + info.metrics.get("holdout_size", 0)
-            if covered >= target or info.last_rejected.version != rejected:
-                return time.perf_counter() - started
-            time.sleep(0.05)
+        _until_judged(stub, tenant, (round_ + 1) * count, rejected)
+        return time.perf_counter() - started
+
+
+def _until_judged(
+    stub: scorer_pb2_grpc.ScorerServiceStub, tenant: str, executions: int, rejected: str
+) -> None:
+    """Until the scorer serves a version trained on `executions` of `tenant`'s, or the gate
+    rejected a newer one than `rejected`."""
+    request = scorer_pb2.ModelInfoRequest(tenant_id=tenant)
+    while True:
+        info = stub.ModelInfo(request, timeout=30)
+        # a version is judged on held-back executions: served, or kept as rejected
+        covered = info.metrics.get("traces_seen", 0) + info.metrics.get("holdout_size", 0)
+        if covered >= executions or info.last_rejected.version != rejected:
+            return
+        time.sleep(0.05)
 
 
 def _timed(

@@ -124,21 +124,28 @@ async def rig(
     await redis.aclose()
 
 
+def _parts(
+    rig: Rig, settings: Settings, driver, embedder: Embedder, config: LearningConfig
+) -> dict[str, Any]:
+    """A loop's parts: the rig's stores, and `config`."""
+    return {
+        "buffer": rig.buffer,
+        "lock": rig.lock,
+        "registry": rig.registry,
+        "driver": driver,
+        "database": settings.neo4j_database,
+        "embedder": embedder,
+        "publisher": rig.published,
+        "config": config,
+        "holdout": rig.holdout,
+    }
+
+
 def _loop(
     rig: Rig, settings: Settings, driver, embedder: Embedder, config: LearningConfig
 ) -> LearningLoop:
     """A loop over the rig's stores with another configuration."""
-    return LearningLoop(
-        buffer=rig.buffer,
-        lock=rig.lock,
-        registry=rig.registry,
-        driver=driver,
-        database=settings.neo4j_database,
-        embedder=embedder,
-        publisher=rig.published,
-        config=config,
-        holdout=rig.holdout,
-    )
+    return LearningLoop(**_parts(rig, settings, driver, embedder, config))
 
 
 async def _add_traces(rig: Rig, tenant: str) -> None:
@@ -390,7 +397,7 @@ async def _add_executions(rig: Rig, tenant: str, count: int) -> None:
         assert await rig.buffer.add(tenant, trace)
 
 
-async def _judged_version(rig: Rig, tenant: str) -> int | None:
+async def _judged_version(rig: Rig, tenant: str) -> str | None:
     judged = await rig.registry.current(tenant) or await rig.registry.last_rejected(tenant)
     return judged[0].version if judged is not None else None
 
@@ -482,18 +489,7 @@ async def test_a_round_that_fails_does_not_stop_another_tenants_round(
     await _register(store, broken)
     await _add_executions(rig, broken, 6)
     await _add_executions(rig, tenant, 6)
-    loop = _FailingFor(
-        broken,
-        buffer=rig.buffer,
-        lock=rig.lock,
-        registry=rig.registry,
-        driver=driver,
-        database=settings.neo4j_database,
-        embedder=embedder,
-        publisher=rig.published,
-        config=LEARNING,
-        holdout=rig.holdout,
-    )
+    loop = _FailingFor(broken, **_parts(rig, settings, driver, embedder, LEARNING))
     stop = asyncio.Event()
     with capture_logs() as logs:
         task = asyncio.create_task(loop.run(stop))
