@@ -9,10 +9,18 @@ from redis.asyncio import Redis
 from pml_common.embedding import Embedder, UseEmbedder
 from pml_common.events import ToolSpec
 from pml_common.model_registry import ModelRegistry
+from pml_common.prequential import PrequentialStore
 from pml_common.settings import Settings
 from pml_common.tool_graph import GraphCapability, GraphTool, ToolGraph
-from pml_trainer.evaluation import TenantViews, build_view, hierarchy_of, without_workflows
+from pml_trainer.evaluation import (
+    Prequential,
+    TenantViews,
+    build_view,
+    hierarchy_of,
+    without_workflows,
+)
 from pml_trainer.graph_store import GraphStore
+from pml_trainer.replay_buffer import Trace
 
 TOOLS = {
     "fs:read_file": "Read the complete contents of a file.",
@@ -77,3 +85,31 @@ def test_without_workflows_drops_the_capabilities_of_new_work_and_keeps_the_tool
     assert unseen.baseline is view.baseline
     # nothing to hide: the view itself
     assert without_workflows(view, graph, None, {frozenset({"s:a", "s:c"})}) is view
+
+
+async def test_a_batch_of_executions_is_ranked_as_each_would_be_alone(
+    settings: Settings, store: GraphStore, driver, redis: Redis, embedder: Embedder, tenant: str
+) -> None:
+    """`observe_all` embeds a batch's intents together; each execution of each tenant gets the
+    figures it gets alone, one using no tool the tenant has gets none, and each is counted."""
+    other = f"{tenant}-b"
+    await _register(store, tenant)
+    await _register(store, other)
+    registry = ModelRegistry(redis, settings.model_keep_versions)
+    views = TenantViews(driver, settings.neo4j_database, embedder, registry)
+    prequential = Prequential(views, PrequentialStore(redis), embedder)
+    batch = [
+        (tenant, Trace(trace_id="a", intent="send a mail to bob", path=["mail:send"], outcome=1)),
+        (other, Trace(trace_id="b", intent="open my notes", path=["fs:read_file"], outcome=1)),
+        (tenant, Trace(trace_id="c", intent="anything", path=["no:such_tool"], outcome=1)),
+        (other, Trace(trace_id="d", intent="send a mail to bob", path=["fs:read_file"], outcome=1)),
+    ]
+    together = await prequential.observe_all(batch)
+    assert together[2] is None
+    assert together[0] is not None and together[0][3] == 1.0  # mail:send ranked first
+    assert together[3] is not None and together[3][3] == 2.0  # read_file below mail:send
+    counted = [(await PrequentialStore(redis).summary(t)).cumulative.count for t in (tenant, other)]
+    assert counted == [1, 2]
+    for (owner, trace), figures in zip(batch, together, strict=True):
+        again = trace.model_copy(update={"trace_id": f"{trace.trace_id}-alone"})
+        assert await prequential.observe(owner, again) == figures

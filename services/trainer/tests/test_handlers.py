@@ -127,6 +127,33 @@ async def test_duplicate_execution_is_not_announced(
     assert stats["save-page"].success_rate == 0.0
 
 
+async def test_a_batch_of_executions_of_two_tenants_is_applied_in_order_each_once(
+    handlers: TrainerHandlers, store: GraphStore, redis: aioredis.Redis, tenant: str
+) -> None:
+    """One read batch, one transaction: every new execution counted for its own tenant and
+    announced, an event already applied (a redelivery inside a batch) neither."""
+    other = f"{tenant}-b"
+
+    def run(owner: str, ok: bool) -> ExecutionCompleted:
+        return ExecutionCompleted.create(
+            tenant_id=owner,
+            intent="read a file",
+            steps=[ExecutionStep(node_id="filesystem:read_file", success=ok)],
+            outcome="success" if ok else "failure",
+        )
+
+    first = run(tenant, True)
+    await handlers.on_execution_completed(first)
+    batch = [run(tenant, False), first, run(other, True), run(other, True), run(tenant, True)]
+    await handlers.on_executions_completed(batch)
+    mine = (await store.success_stats(tenant, ["filesystem:read_file"]))["filesystem:read_file"]
+    theirs = (await store.success_stats(other, ["filesystem:read_file"]))["filesystem:read_file"]
+    assert (mine.executions, mine.successes) == (3, 2)
+    assert (theirs.executions, theirs.successes) == (2, 2)
+    assert len(await announced(redis, tenant)) == 3
+    assert len(await announced(redis, other)) == 2
+
+
 async def test_capability_and_tenant_deletion_are_announced_once(
     handlers: TrainerHandlers, store: GraphStore, redis: aioredis.Redis, tenant: str
 ) -> None:

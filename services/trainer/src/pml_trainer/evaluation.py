@@ -216,16 +216,33 @@ class Prequential:
     async def observe(self, tenant: str, trace: Trace) -> tuple[float, ...] | None:
         """Record the trace's figures (recall@1, @5, @10, first rank); None if it used no tool
         the tenant has."""
-        view = await self._views.get(tenant)
-        judged = view.judged(trace)
-        if judged is None:
-            return None
-        [intent] = await embed_intents([trace.intent], self._embedder, self._tool_embedder)
-        scores = view.served(intent)
-        figures = one_figures(scores, judged.relevant)
-        if await self._store.record(tenant, trace.trace_id, *figures):
-            _export(tenant, figures)
+        [figures] = await self.observe_all([(tenant, trace)])
         return figures
+
+    async def observe_all(
+        self, executions: Sequence[tuple[str, Trace]]
+    ) -> list[tuple[float, ...] | None]:
+        """`observe` for each (tenant, trace), the intents embedded in one batch."""
+        judged = []
+        for tenant, trace in executions:
+            view = await self._views.get(tenant)
+            judged.append((view, view.judged(trace)))
+        texts = [
+            trace.intent
+            for (_, trace), (_, one) in zip(executions, judged, strict=True)
+            if one is not None
+        ]
+        intents = iter(await embed_intents(texts, self._embedder, self._tool_embedder))
+        results: list[tuple[float, ...] | None] = []
+        for (tenant, trace), (view, one) in zip(executions, judged, strict=True):
+            if one is None:
+                results.append(None)
+                continue
+            figures = one_figures(view.served(next(intents)), one.relevant)
+            if await self._store.record(tenant, trace.trace_id, *figures):
+                _export(tenant, figures)
+            results.append(figures)
+        return results
 
     async def delete_tenant(self, tenant: str) -> None:
         self._views.forget(tenant)

@@ -317,7 +317,23 @@ class GraphStore:
         self, tenant: str, event_id: str, effect: ExecutionEffect, at: datetime | None = None
     ) -> bool:
         """Count one execution: node outcomes and observed edges, in one transaction."""
-        return await self._write(self._apply_execution, tenant, event_id, effect, at or utcnow())
+        [applied] = await self.apply_executions([(tenant, event_id, effect, at or utcnow())])
+        return applied
+
+    async def apply_executions(
+        self, executions: Sequence[tuple[str, str, ExecutionEffect, datetime]]
+    ) -> list[bool]:
+        """Count executions (tenant, event id, effect, time) in one transaction, in order: one
+        commit for a read batch instead of one per execution. False for an event already
+        applied."""
+        return await self._write(self._apply_executions, executions)
+
+    async def _apply_executions(
+        self,
+        tx: neo4j.AsyncManagedTransaction,
+        executions: Sequence[tuple[str, str, ExecutionEffect, datetime]],
+    ) -> list[bool]:
+        return [await self._apply_execution(tx, *execution) for execution in executions]
 
     async def add_cold_start_edges(self, tenant: str, edges: Sequence[ColdStartEdge]) -> None:
         """Merge cold-start guesses outside any event (idempotent, e.g. after new templates)."""

@@ -84,7 +84,7 @@ class TrainerHandlers:
     def subscribe(self, bus: EventBus) -> None:
         bus.subscribe(ToolsRegistered, GROUP, self.on_tools_registered)
         bus.subscribe(CapabilityLearned, GROUP, self.on_capability_learned)
-        bus.subscribe(ExecutionCompleted, GROUP, self.on_execution_completed)
+        bus.subscribe_batch(ExecutionCompleted, GROUP, self.on_executions_completed)
         bus.subscribe(TenantDeleted, GROUP, self.on_tenant_deleted)
 
     async def on_tools_registered(self, event: ToolsRegistered) -> None:
@@ -120,21 +120,36 @@ class TrainerHandlers:
         )
 
     async def on_execution_completed(self, event: ExecutionCompleted) -> None:
-        trace = trace_of(event)
+        await self.on_executions_completed([event])
+
+    async def on_executions_completed(self, events: list[ExecutionCompleted]) -> None:
+        """A read batch of executions, in stream order: their intents embedded together and
+        their counts written in one transaction, since one execution at a time (a commit and
+        an embedding call each) held the trainer to about 20 a second, for every tenant behind
+        one tenant's burst. When the batch fails, the bus hands each event to this alone."""
+        traces = [trace_of(event) for event in events]
         if self._prequential is not None:
-            # Test, then train: how the serving scores rank this execution, before any
+            # Test, then train: how the serving scores rank each execution, before any
             # version can learn from it (idempotent on the event id).
-            await self._prequential.observe(event.tenant_id, trace)
+            await self._prequential.observe_all(
+                [(e.tenant_id, t) for e, t in zip(events, traces, strict=True)]
+            )
         # Idempotent on the event id, and done first: a crash after the graph update
         # must not lose the trace on redelivery.
-        await self._keep(event.tenant_id, trace)
-        effect = execution_effect(event)
-        applied = await self._store.apply_execution(
-            event.tenant_id, event.event_id, effect, event.occurred_at
+        for event, trace in zip(events, traces, strict=True):
+            await self._keep(event.tenant_id, trace)
+        effects = [execution_effect(event) for event in events]
+        applied = await self._store.apply_executions(
+            [
+                (e.tenant_id, e.event_id, effect, e.occurred_at)
+                for e, effect in zip(events, effects, strict=True)
+            ]
         )
-        if not applied:
-            return self._duplicate(event)
-        await self._changed(event, GraphChanged.EXECUTION, effect.node_ids)
+        for event, effect, done in zip(events, effects, applied, strict=True):
+            if done:
+                await self._changed(event, GraphChanged.EXECUTION, effect.node_ids)
+            else:
+                self._duplicate(event)
 
     async def _keep(self, tenant: str, trace: Trace) -> None:
         """Into the replay buffer, unless held back to judge new versions (`holdout`)."""
